@@ -1,0 +1,67 @@
+"""The environment contract: Gymnasium's, adapted to text agents.
+
+An environment knows nothing about models, tokens or training. The rollout calls::
+
+    obs, info = env.reset(seed=..., options=...)
+    text = env.format_observation(obs)          # what the model reads (str or chat messages)
+    key = env.state_key()                        # hashable anchor state (GiGPO step groups)
+    res = env.step(action_text)                  # the model's decoded output for the turn
+    res.obs, res.reward, res.terminated, res.truncated, res.info
+
+``step`` receives the model's text for the turn and parses it itself (helpers in
+:mod:`arborl.env.parsing`). It must never raise on a malformed action: it returns
+``info["action_valid"] = False`` and an observation that says what was wrong, and the rollout
+applies the configured invalid-action penalty. ``terminated`` (the task reached an end state)
+and ``truncated`` (a budget ran out) are kept apart, as in Gymnasium.
+
+Optional methods the rest of arborl uses when present:
+
+* ``expert_action() -> str``: an action text an expert would take now (``synth`` uses it).
+* ``task_type: str`` attribute: capability bucket for the store (default: the class name).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass
+class StepResult:
+    """What ``Env.step`` returns.
+
+    Attributes:
+        obs: The next observation (any type ``format_observation`` understands).
+        reward: Scalar step reward (finite).
+        terminated: A terminal state of the task was reached (success or failure).
+        truncated: The episode was cut short by a limit inside the env.
+        info: Extras. Keys arborl reads: ``action_valid`` (bool), ``success`` (bool, at the end),
+            ``action`` (the parsed action), ``error`` (text), ``media`` (list of MediaRef).
+    """
+
+    obs: Any
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Env(Protocol):
+    """Structural type of an arborl environment (no base class needed)."""
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
+        ...
+
+    def step(self, action: str) -> StepResult:
+        ...
+
+    def format_observation(self, obs: Any) -> str | list[dict[str, Any]]:
+        ...
+
+    def state_key(self) -> Hashable:
+        ...
+
+    def close(self) -> None:
+        ...

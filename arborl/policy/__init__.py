@@ -1,0 +1,1 @@
+"""arborl.policy."""
