@@ -1,0 +1,164 @@
+"""Frozen-dataclass configs loaded from TOML with dotted ``key=value`` overrides.
+
+A config is a tree of frozen dataclasses. :func:`load_config` reads a TOML file, applies
+``--set`` overrides (``rl.lr=3e-4``, ``env.kwargs.size=5``, ``stages=["sft","rl"]``), and builds
+the tree, checking every key and type. Errors name the key, the file, the expected type and the
+fix; unknown keys come with the closest valid names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the key and the fix."""
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Split ``a.b.c=value``; the value is read as TOML (falls back to a plain string)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} has no '='; write it as key=value, e.g. rl.lr=3e-4")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override {text!r} has an empty key")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of ``data`` with each dotted override set."""
+    data = json.loads(json.dumps(data))
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for part in path[:-1]:
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override {text!r}: {part!r} is a value, not a table")
+            node = nxt
+        node[path[-1]] = value
+    return data
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check/convert a TOML value to the annotated type ``tp``."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{key}: {value!r} is not a {_type_name(tp)}")
+    if origin is typing.Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{key}: {value!r} is not one of {list(choices)}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a table for {tp.__name__}, got {value!r}")
+        return build(tp, value, prefix=key + ".")
+    if origin in (list, tuple):
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        args = typing.get_args(tp)
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(args) != len(value):
+                raise ConfigError(f"{key}: expected {len(args)} items, got {len(value)}")
+            return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
+        inner = args[0] if args else Any
+        items = [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a table, got {value!r}")
+        return dict(value)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    return value
+
+
+def build(cls: type[T], data: dict[str, Any], *, prefix: str = "") -> T:
+    """Build dataclass ``cls`` from a dict, recursively, checking keys and types."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    kwargs: dict[str, Any] = {}
+    for k, v in data.items():
+        if k not in names:
+            close = difflib.get_close_matches(k, names, n=3)
+            hint = f"; did you mean {', '.join(prefix + c for c in close)}?" if close else ""
+            raise ConfigError(
+                f"unknown config key {prefix + k!r}{hint} (valid keys here: {', '.join(names)})"
+            )
+        kwargs[k] = _coerce(v, hints[k], prefix + k)
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"{prefix.rstrip('.') or cls.__name__}: {e}") from e
+
+
+def load_config(cls: type[T], path: str | Path | None, overrides: list[str] | None = None) -> T:
+    """Read TOML ``path`` (or nothing), apply overrides, build ``cls``."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist; pass the path of a TOML file, e.g. examples/frozenlake.toml")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{p}: invalid TOML: {e}") from e
+    data = apply_overrides(data, overrides or [])
+    try:
+        return build(cls, data)
+    except ConfigError as e:
+        where = f"{path}: " if path else ""
+        raise ConfigError(f"{where}{e}") from None
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A config tree as plain dicts (for saving next to a run)."""
+    return dataclasses.asdict(cfg)

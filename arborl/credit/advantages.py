@@ -1,0 +1,167 @@
+"""Advantage estimators as pure tensor functions (no env, rollout or policy imports).
+
+Layout: a batch is a flat list of *steps* (one per turn along each episode's path). Each step
+knows its episode (``episode[N]``), its position in the episode (``step[N]``), and each episode
+knows its group (``group[E]``, the GRPO group: rollouts of one task from one initial state).
+Integer ids are 0-based and dense; ``anchor[N]`` is an integer code of the environment state
+the step acted from (equal codes = equal states), used by GiGPO.
+
+Every vectorised estimator has a slow ``*_reference`` loop beside it; the tests check that they
+agree on random inputs.
+
+Departures from the papers / reference code, on purpose (see credit-spec.md §2, §6):
+
+* GRPO group statistics are taken over *trajectories*, not over step rows (verl-agent's
+  ``compute_mean_std_cross_steps=True`` weights long episodes by their length).
+* std is the unbiased (Bessel) estimate, eps = 1e-6, and a singleton group gets mean 0 and
+  std 1, so A = R (verl's rule), while an all-equal group gets A = 0.
+* GiGPO (Feng et al. 2025, Eq. 5-8): a singleton anchor-state group gets A^S = 0 (Eq. 7).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _segment_mean_std(values: Tensor, seg: Tensor, n_seg: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-segment count, mean and unbiased std of ``values`` (float)."""
+    count = torch.zeros(n_seg, dtype=values.dtype, device=values.device).index_add_(
+        0, seg, torch.ones_like(values)
+    )
+    total = torch.zeros(n_seg, dtype=values.dtype, device=values.device).index_add_(0, seg, values)
+    mean = total / count.clamp_min(1)
+    dev2 = (values - mean[seg]) ** 2
+    ss = torch.zeros(n_seg, dtype=values.dtype, device=values.device).index_add_(0, seg, dev2)
+    std = torch.sqrt(ss / (count - 1).clamp_min(1))
+    return count, mean, std
+
+
+def grpo_advantages(
+    scores: Tensor, group: Tensor, *, norm_by_std: bool = True, eps: float = 1e-6
+) -> Tensor:
+    """Group-relative advantage per episode (GRPO, Shao et al. 2024; verl's outcome estimator).
+
+    Args:
+        scores: ``[E]`` float, the episode score (e.g. success or return).
+        group: ``[E]`` long, dense group ids.
+        norm_by_std: Divide by the group std (False gives Dr.GRPO's ``R - mean``).
+        eps: Added to the std.
+
+    Returns:
+        ``[E]`` advantages. A singleton group gets ``A = R`` (mean 0, std 1); an all-equal group 0.
+    """
+    scores = scores.to(torch.float64)
+    n_seg = int(group.max().item()) + 1 if group.numel() else 0
+    count, mean, std = _segment_mean_std(scores, group, n_seg)
+    single = count <= 1
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    std = torch.where(single, torch.ones_like(std), std)
+    adv = scores - mean[group]
+    if norm_by_std:
+        adv = adv / (std[group] + eps)
+    return adv.to(torch.float32)
+
+
+def grpo_advantages_reference(
+    scores: list[float], group: list[int], *, norm_by_std: bool = True, eps: float = 1e-6
+) -> list[float]:
+    """Slow loop version of :func:`grpo_advantages`, for tests."""
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(group):
+        members.setdefault(g, []).append(i)
+    out = [0.0] * len(scores)
+    for idx in members.values():
+        vals = [scores[i] for i in idx]
+        if len(vals) == 1:
+            mean, std = 0.0, 1.0
+        else:
+            mean = sum(vals) / len(vals)
+            std = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5
+        for i in idx:
+            a = scores[i] - mean
+            out[i] = a / (std + eps) if norm_by_std else a
+    return out
+
+
+def discounted_returns(rewards: Tensor, episode: Tensor, step: Tensor, *, gamma: float) -> Tensor:
+    """Reward-to-go ``G_t = sum_{k>=t} gamma^(k-t) r_k`` within each episode (GiGPO Eq. 5).
+
+    Args:
+        rewards: ``[N]`` step rewards.
+        episode: ``[N]`` episode id of each step.
+        step: ``[N]`` position of each step in its episode (0-based, contiguous).
+        gamma: Discount.
+
+    Returns:
+        ``[N]`` returns, float32. Truncated episodes are not bootstrapped.
+    """
+    n = rewards.numel()
+    if n == 0:
+        return rewards.to(torch.float32)
+    # Sort by (episode, step) and run the recursion backwards once over the whole batch.
+    key = episode.to(torch.int64) * (int(step.max().item()) + 1) + step.to(torch.int64)
+    order = torch.argsort(key)
+    r = rewards.to(torch.float64)[order].tolist()
+    ep = episode[order].tolist()
+    out = [0.0] * n
+    acc = 0.0
+    for i in range(n - 1, -1, -1):
+        if i == n - 1 or ep[i + 1] != ep[i]:
+            acc = 0.0
+        acc = r[i] + gamma * acc
+        out[i] = acc
+    result = torch.empty(n, dtype=torch.float64)
+    result[order] = torch.tensor(out, dtype=torch.float64)
+    return result.to(torch.float32)
+
+
+def step_group_advantages(
+    returns: Tensor, step_group: Tensor, *, norm_by_std: bool = True, eps: float = 1e-6
+) -> Tensor:
+    """GiGPO step-level advantage A^S within anchor-state groups (Eq. 7).
+
+    Args:
+        returns: ``[N]`` discounted returns of each step.
+        step_group: ``[N]`` dense ids of (episode group, anchor state) pairs.
+        norm_by_std: ``mean_std_norm`` (True) or ``mean_norm`` (False).
+        eps: Added to the std.
+
+    Returns:
+        ``[N]`` advantages; a singleton step group gets 0.
+    """
+    vals = returns.to(torch.float64)
+    n_seg = int(step_group.max().item()) + 1 if step_group.numel() else 0
+    count, mean, std = _segment_mean_std(vals, step_group, n_seg)
+    adv = vals - mean[step_group]  # singleton: value - itself = 0
+    if norm_by_std:
+        adv = adv / (std[step_group] + eps)
+    adv = torch.where(count[step_group] <= 1, torch.zeros_like(adv), adv)
+    return adv.to(torch.float32)
+
+
+def step_group_advantages_reference(
+    returns: list[float], step_group: list[int], *, norm_by_std: bool = True, eps: float = 1e-6
+) -> list[float]:
+    """Slow loop version of :func:`step_group_advantages`, for tests."""
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(step_group):
+        members.setdefault(g, []).append(i)
+    out = [0.0] * len(returns)
+    for idx in members.values():
+        if len(idx) == 1:
+            continue
+        vals = [returns[i] for i in idx]
+        mean = sum(vals) / len(vals)
+        std = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5
+        for i in idx:
+            a = returns[i] - mean
+            out[i] = a / (std + eps) if norm_by_std else a
+    return out
+
+
+def dense_ids(*keys: Tensor) -> Tensor:
+    """Map rows of equal key tuples to dense 0-based ids (first appearance order not kept)."""
+    stacked = torch.stack([k.to(torch.int64) for k in keys], dim=1)  # (N, K)
+    _, inv = torch.unique(stacked, dim=0, return_inverse=True)
+    return inv

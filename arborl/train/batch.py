@@ -1,0 +1,106 @@
+"""From trajectory records to training tensors: the one adapter between ``trajectory`` and ``credit``/``loss``.
+
+:func:`collate` flattens each episode's main path (token-in, token-out: the stored ids, never
+re-tokenized text) into right-padded ``[B, T]`` tensors. :func:`step_batch` builds the
+:class:`~arborl.credit.StepBatch` the credit estimators take, and :func:`broadcast` spreads one
+advantage per step over the trained tokens of that step's turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from arborl.credit import StepBatch
+from arborl.trajectory import Episode, linearize
+
+
+@dataclass
+class TokenBatch:
+    """Right-padded token tensors of B episodes.
+
+    Attributes:
+        input_ids: ``[B, T]`` long.
+        attention_mask: ``[B, T]`` long, 1 on real tokens.
+        loss_mask: ``[B, T]`` float, 1 on trained (model-generated) tokens.
+        old_logp: ``[B, T]`` behaviour log-probs (0 where not generated).
+        step_of_token: ``[B, T]`` long, global step index (into the StepBatch) of each token, -1 on padding.
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    loss_mask: Tensor
+    old_logp: Tensor
+    step_of_token: Tensor
+
+    def select(self, rows: Tensor) -> TokenBatch:
+        """Rows ``rows`` as a new batch, trimmed to their longest sequence."""
+        width = int(self.attention_mask[rows].sum(-1).max().item()) if len(rows) else 1
+        return TokenBatch(
+            *(t[rows, :width] for t in (self.input_ids, self.attention_mask, self.loss_mask, self.old_logp, self.step_of_token))
+        )
+
+
+def collate(episodes: Sequence[Episode], *, pad_id: int = 0) -> TokenBatch:
+    """Flatten each episode's main path into padded tensors; steps are numbered globally in order."""
+    views = [linearize(ep) for ep in episodes]
+    width = max((len(v.input_ids) for v in views), default=1) or 1
+    b = len(views)
+    ids = torch.full((b, width), pad_id, dtype=torch.long)
+    att = torch.zeros((b, width), dtype=torch.long)
+    lmask = torch.zeros((b, width), dtype=torch.float32)
+    old = torch.zeros((b, width), dtype=torch.float32)
+    sot = torch.full((b, width), -1, dtype=torch.long)
+    offset = 0
+    for i, v in enumerate(views):
+        n = len(v.input_ids)
+        ids[i, :n] = torch.tensor(v.input_ids, dtype=torch.long)
+        att[i, :n] = 1
+        lmask[i, :n] = torch.tensor(v.loss_mask, dtype=torch.float32)
+        old[i, :n] = torch.tensor(v.logprobs, dtype=torch.float32)
+        sot[i, :n] = torch.tensor(v.turn_index, dtype=torch.long) + offset
+        offset += len(v.turns)
+    return TokenBatch(ids, att, lmask, old, sot)
+
+
+def step_batch(
+    episodes: Sequence[Episode], *, score_key: str = "success", invalid_penalty: float = 0.0
+) -> StepBatch:
+    """Credit input: one row per turn of each main path, groups and anchors as dense ids.
+
+    The episode score is ``rewards[score_key]`` (``None`` counts as 0) plus ``invalid_penalty``
+    per invalid action, so a malformed answer lowers the trajectory's advantage as well as its
+    own step's return.
+    """
+    group_ids: dict[str, int] = {}
+    anchor_ids: dict[str, int] = {}
+    ep_idx, step, reward, anchor, group, score = [], [], [], [], [], []
+    for e, ep in enumerate(episodes):
+        group.append(group_ids.setdefault(ep.group_id or ep.episode_id, len(group_ids)))
+        base = ep.rewards.get(score_key)
+        penalty = 0.0
+        for k, t in enumerate(ep.path()):
+            ep_idx.append(e)
+            step.append(k)
+            reward.append(t.reward)
+            anchor.append(anchor_ids.setdefault(t.state_key or f"{ep.episode_id}:{k}", len(anchor_ids)))
+            penalty += 0.0 if t.valid else invalid_penalty
+        score.append((base or 0.0) + penalty)
+    return StepBatch(
+        episode=torch.tensor(ep_idx, dtype=torch.long),
+        step=torch.tensor(step, dtype=torch.long),
+        reward=torch.tensor(reward, dtype=torch.float32),
+        anchor=torch.tensor(anchor, dtype=torch.long),
+        group=torch.tensor(group, dtype=torch.long),
+        score=torch.tensor(score, dtype=torch.float32),
+    )
+
+
+def broadcast(step_values: Tensor, step_of_token: Tensor) -> Tensor:
+    """``[N]`` per-step values to ``[B, T]`` per-token values (0 on padding)."""
+    idx = step_of_token.clamp_min(0)
+    out = step_values[idx]
+    return torch.where(step_of_token >= 0, out, torch.zeros_like(out))
