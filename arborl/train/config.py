@@ -1,0 +1,173 @@
+"""The configuration tree of a training run (one frozen dataclass per component).
+
+Example files live in ``examples/*.toml``; every field below can be set there or overridden on
+the command line with ``--set section.field=value``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from arborl.policy import ModelConfig
+from arborl.rollout import RolloutConfig
+
+STAGES = ("synth", "sft", "rl", "eval")
+
+
+def _check_positive(obj: Any, *names: str) -> None:
+    for n in names:
+        v = getattr(obj, n)
+        if not v > 0:
+            raise ValueError(f"{type(obj).__name__}.{n} must be > 0, got {v!r}")
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """Which environment to train on, by import path, and which seeds are train vs held out."""
+
+    cls: str = "arborl.env.envs:FrozenLake"
+    """Import path ``package.module:ClassName`` of the environment class (your own works too)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments passed to the class."""
+    train_seed_start: int = 0
+    """Training tasks use seeds ``train_seed_start + k``."""
+    eval_seed_start: int = 1_000_000
+    """Held-out evaluation tasks use seeds from here on (disjoint from training seeds)."""
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """The model: built from a config with a locally trained tokenizer, or loaded from a local path."""
+
+    init: str = "scratch"
+    """``scratch`` to build a small model from ``model``, or a local Hugging Face checkpoint directory."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Architecture of a scratch model (ignored when ``init`` is a path)."""
+    system_prompt: str = ""
+    """System message of every episode ("" for none)."""
+    tokenizer_episodes: int = 300
+    """Random-play episodes whose text trains the scratch tokenizer."""
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    """Expert demonstrations for the SFT cold start (uses the env's ``expert_action``)."""
+
+    episodes: int = 2000
+    """Number of expert episodes to synthesize and store."""
+    only_successful: bool = True
+    """Keep only episodes the expert finished successfully."""
+
+    def __post_init__(self) -> None:
+        _check_positive(self, "episodes")
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Supervised cold start on stored demonstrations (same loss mask as RL)."""
+
+    steps: int = 300
+    """Optimizer steps."""
+    batch_size: int = 32
+    """Episodes per step."""
+    lr: float = 1e-3
+    """Peak learning rate (AdamW, linear warmup, cosine decay)."""
+    warmup_steps: int = 20
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    """Evaluate on the small held-out set every N steps (0: never)."""
+
+    def __post_init__(self) -> None:
+        _check_positive(self, "steps", "batch_size", "lr", "grad_clip")
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """Online RL: groups of rollouts per task, credit assignment, PPO-clip updates."""
+
+    iterations: int = 100
+    tasks_per_iter: int = 8
+    """Distinct tasks (env seeds) per iteration."""
+    group_size: int = 8
+    """Rollouts per task (the GRPO group)."""
+    lr: float = 3e-4
+    ppo_epochs: int = 2
+    """Passes over each iteration's batch."""
+    minibatch_size: int = 32
+    """Episodes per optimizer step."""
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    clip_c: float = 3.0
+    """Dual-clip constant for negative advantages."""
+    kl_coef: float = 0.05
+    """Weight of the KL loss to the reference (start-of-RL) policy; 0 disables the reference model."""
+    kl_kind: Literal["k1", "k2", "k3", "abs"] = "k3"
+    entropy_coef: float = 0.0
+    credit: Literal["grpo", "gigpo"] = "gigpo"
+    """Credit estimator (see arborl.credit)."""
+    gamma: float = 0.95
+    """Discount of step returns (GiGPO)."""
+    step_weight: float = 1.0
+    """Weight w of the step advantage in A = A^E + w A^S (GiGPO)."""
+    norm_by_std: bool = True
+    length_neutral: bool = True
+    """Give every episode the same total advantage weight regardless of its number of turns."""
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    score_key: str = "success"
+    """Which named episode reward is the outcome score."""
+    grad_clip: float = 1.0
+    weight_decay: float = 0.0
+    checkpoint_every: int = 10
+    """Write a resumable checkpoint every N iterations (0: only at the end)."""
+    eval_every: int = 10
+    """Evaluate on the small held-out set every N iterations (0: never)."""
+
+    def __post_init__(self) -> None:
+        _check_positive(self, "iterations", "tasks_per_iter", "group_size", "lr", "ppo_epochs", "minibatch_size")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Greedy evaluation on held-out tasks."""
+
+    episodes: int = 512
+    """Held-out tasks in the final evaluation."""
+    probe_episodes: int = 64
+    """Held-out tasks in the periodic evaluations that draw the learning curve."""
+    greedy: bool = True
+
+    def __post_init__(self) -> None:
+        _check_positive(self, "episodes", "probe_episodes")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A whole run: ``synth -> sft -> rl -> eval`` (any subset, in this order)."""
+
+    run_dir: str = "runs/default"
+    """Where checkpoints, metrics, the store, summary.json and plots go."""
+    seed: int = 0
+    threads: int = 2
+    """torch intra-op threads."""
+    stages: list[str] = field(default_factory=lambda: list(STAGES))
+    store: str = ""
+    """Trajectory store URL; default ``sqlite:///<run_dir>/trajectories.db``."""
+    env: EnvSpec = field(default_factory=EnvSpec)
+    policy: PolicySpec = field(default_factory=PolicySpec)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    synth: SynthConfig = field(default_factory=SynthConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self) -> None:
+        bad = [s for s in self.stages if s not in STAGES]
+        if bad:
+            raise ValueError(f"stages {bad} are unknown; choose from {list(STAGES)}")
+        _check_positive(self, "threads")
+
+    @property
+    def store_url(self) -> str:
+        return self.store or f"sqlite:///{self.run_dir}/trajectories.db"

@@ -1,0 +1,71 @@
+"""SFT cold start: maximise the likelihood of stored demonstration tokens under the same loss mask RL uses.
+
+Reads the episodes the ``synth`` stage stored (``source="synth"``) back from the trajectory
+store, trains on their exact token ids (never re-tokenized text), and writes a Hugging Face
+checkpoint to ``<run_dir>/policy/sft``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from arborl.env import Env
+from arborl.loss import sft_loss
+from arborl.policy import load_policy, save_policy, token_logprobs
+from arborl.train.batch import collate
+from arborl.train.common import Metrics
+from arborl.train.config import TrainConfig
+from arborl.train.progress import progress
+from arborl.train.stages import evaluate, policy_dir
+
+
+def lr_schedule(step: int, *, total: int, warmup: int) -> float:
+    """Linear warmup then cosine decay to 10% of the peak."""
+    if step < warmup:
+        return (step + 1) / max(1, warmup)
+    frac = (step - warmup) / max(1, total - warmup)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+
+
+def train_sft(
+    cfg: TrainConfig, make_env: Callable[[], Env], init_path: Path, store, metrics: Metrics
+) -> tuple[Path, dict[str, float]]:
+    """Run SFT; returns the checkpoint dir and the demonstration statistics."""
+    out = policy_dir(cfg, "sft")
+    demos = list(store.iter_episodes(source="synth"))
+    if not demos:
+        raise RuntimeError(f"no synth episodes in {cfg.store_url}; run the synth stage first (arborl synth CONFIG)")
+    model, tok = load_policy(init_path)
+    model.train()
+    sc = cfg.sft
+    opt = torch.optim.AdamW(model.parameters(), lr=sc.lr, weight_decay=sc.weight_decay, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_schedule(s, total=sc.steps, warmup=sc.warmup_steps))
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    demo_turns = sum(len(e.path()) for e in demos)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    seen: set[int] = set()
+    for step in progress(range(sc.steps), "sft"):
+        idx = torch.randint(len(demos), (sc.batch_size,), generator=gen).tolist()
+        seen.update(idx)
+        batch = collate([demos[i] for i in idx], pad_id=pad)
+        logp = token_logprobs(model, batch.input_ids, batch.attention_mask)
+        out_loss = sft_loss(logp, batch.loss_mask)
+        opt.zero_grad(set_to_none=True)
+        out_loss.loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), sc.grad_clip)
+        opt.step()
+        sched.step()
+        env_steps = int(demo_turns * len(seen) / len(demos))
+        row = {**out_loss.terms, "grad_norm": float(gnorm), "lr": sched.get_last_lr()[0], "env_steps": env_steps}
+        if sc.eval_every and ((step + 1) % sc.eval_every == 0 or step + 1 == sc.steps):
+            model.eval()
+            row.update(evaluate(cfg, make_env, model, tok, n=cfg.eval.probe_episodes, label="probe"))
+            model.train()
+        metrics.log("sft", step + 1, row)
+    model.eval()
+    save_policy(model, tok, out)
+    return out, {"demo_episodes": len(demos), "demo_turns": demo_turns}

@@ -1,0 +1,156 @@
+"""Stages that prepare a policy and collect episodes: policy init, synthesis, evaluation.
+
+Each is a plain function of the config and the run directory; the trainers in ``sft.py`` and
+``rl.py`` call them, and ``pipeline.py`` chains them.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from arborl.env import Env, check_env
+from arborl.policy import ChatRenderer, build_model, load_policy, save_policy, train_tokenizer
+from arborl.rollout import EpisodeSpec, ModelPolicy, RolloutConfig, ScriptedPolicy, run_episodes
+from arborl.train.common import task_type_of
+from arborl.train.config import TrainConfig
+from arborl.trajectory import Episode
+
+
+def policy_dir(cfg: TrainConfig, name: str) -> Path:
+    return Path(cfg.run_dir) / "policy" / name
+
+
+def _corpus(make_env: Callable[[], Env], episodes: int, seed_start: int, seed: int) -> tuple[list[str], list[str]]:
+    """Observation texts and action words from expert-guided, partly random play.
+
+    Actions are the expert's, replaced with probability 0.3 by another action word seen so far
+    (or by a malformed one), so the corpus covers off-path states and invalid-action feedback.
+    """
+    rng = random.Random(seed)
+    env = make_env()
+    texts: list[str] = []
+    actions: list[str] = []
+    try:
+        for k in range(episodes):
+            obs, _ = env.reset(seed=seed_start + k)
+            texts.append(_as_text(env.format_observation(obs)))
+            for _ in range(64):
+                expert = getattr(env, "expert_action", None)
+                act = expert() if expert is not None else "noop"
+                if act not in actions:
+                    actions.append(act)
+                roll = rng.random()
+                if roll < 0.3 and actions:
+                    act = rng.choice(actions)
+                elif roll < 0.33:
+                    act = "???"
+                res = env.step(act)
+                texts.append(_as_text(env.format_observation(res.obs)))
+                if res.terminated or res.truncated:
+                    break
+    finally:
+        env.close()
+    return texts, actions
+
+
+def _as_text(obs: str | list[dict]) -> str:
+    if isinstance(obs, str):
+        return obs
+    return "\n".join(str(m.get("content", "")) for m in obs)
+
+
+def prepare_policy(cfg: TrainConfig, make_env: Callable[[], Env]) -> Path:
+    """Check the env, then build (scratch) or validate (local path) the initial policy; return its dir."""
+    env = make_env()
+    try:
+        check_env(env)
+    finally:
+        env.close()
+    out = policy_dir(cfg, "init")
+    if (out / "config.json").exists():
+        return out
+    if cfg.policy.init != "scratch":
+        model, tok = load_policy(cfg.policy.init)
+        save_policy(model, tok, out)
+        return out
+    texts, actions = _corpus(make_env, cfg.policy.tokenizer_episodes, cfg.env.train_seed_start, cfg.seed)
+    corpus = texts + actions + ([cfg.policy.system_prompt] if cfg.policy.system_prompt else [])
+    tok = train_tokenizer(corpus, extra_words=actions)
+    model = build_model(cfg.policy.model, tok, seed=cfg.seed)
+    save_policy(model, tok, out)
+    return out
+
+
+def specs_for(
+    cfg: TrainConfig, task_type: str, seeds: list[int], *, group_size: int = 1, group_prefix: str = "g"
+) -> list[EpisodeSpec]:
+    """One spec per (seed, member): members of a group share the seed, hence the initial state."""
+    return [
+        EpisodeSpec(task_id=f"{task_type}-{s}", task_type=task_type, group_id=f"{group_prefix}-{s}", seed=s)
+        for s in seeds
+        for _ in range(group_size)
+    ]
+
+
+def synthesize(cfg: TrainConfig, make_env: Callable[[], Env], policy_path: Path, store) -> list[Episode]:
+    """Expert episodes rendered through the policy's chat template, stored with source="synth"."""
+    _, tok = load_policy(policy_path)
+    renderer = ChatRenderer(tok, cfg.policy.system_prompt or None)
+
+    def expert(env: Env) -> str:
+        fn = getattr(env, "expert_action", None)
+        if fn is None:
+            raise ValueError(f"{type(env).__name__} has no expert_action(); synth needs an env that can act as its own expert")
+        return fn()
+
+    env = make_env()
+    task_type = task_type_of(env)
+    env.close()
+    seeds = [cfg.env.train_seed_start + k for k in range(cfg.synth.episodes)]
+    specs = specs_for(cfg, task_type, seeds, group_prefix="synth")
+    gen = torch.Generator().manual_seed(cfg.seed)
+    episodes = run_episodes(ScriptedPolicy(expert, renderer), make_env, specs, cfg.rollout, generator=gen,
+                            policy_version=0, iteration=-1, source="synth")
+    if cfg.synth.only_successful:
+        episodes = [e for e in episodes if e.success]
+    store.put_many(episodes)
+    return episodes
+
+
+def evaluate(
+    cfg: TrainConfig,
+    make_env: Callable[[], Env],
+    model,
+    tokenizer,
+    *,
+    n: int,
+    store=None,
+    label: str = "eval",
+    policy_version: int = 0,
+) -> dict[str, float]:
+    """Greedy (or sampled) rollouts on ``n`` held-out tasks; success rate and mean return."""
+    env = make_env()
+    task_type = task_type_of(env)
+    env.close()
+    seeds = [cfg.env.eval_seed_start + k for k in range(n)]
+    rcfg: RolloutConfig = cfg.rollout
+    if cfg.eval.greedy:
+        rcfg = replace(rcfg, sampling=replace(rcfg.sampling, greedy=True))
+    renderer = ChatRenderer(tokenizer, cfg.policy.system_prompt or None)
+    gen = torch.Generator().manual_seed(cfg.seed + 7)
+    eps = run_episodes(ModelPolicy(model, renderer), make_env, specs_for(cfg, task_type, seeds, group_prefix=label),
+                       rcfg, generator=gen, policy_version=policy_version, iteration=-1, source=label)
+    if store is not None:
+        store.put_many(eps)
+    n_eps = max(len(eps), 1)
+    return {
+        "success": sum(1.0 for e in eps if e.success) / n_eps,
+        "reward": sum(float(e.rewards.get("return") or 0.0) for e in eps) / n_eps,
+        "turns": sum(len(e.path()) for e in eps) / n_eps,
+        "invalid_frac": sum(sum(not t.valid for t in e.path()) for e in eps) / max(1, sum(len(e.path()) for e in eps)),
+    }
