@@ -1,1 +1,6 @@
-"""arborl.env.envs."""
+"""Built-in text environments: grid puzzles sized for tiny models and readable by LLMs."""
+
+from arborl.env.envs.frozenlake import FrozenLake
+from arborl.env.envs.sokoban import Sokoban
+
+__all__ = ["FrozenLake", "Sokoban"]

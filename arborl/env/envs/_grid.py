@@ -1,0 +1,68 @@
+"""Observation type and text renderings shared by the grid environments (FrozenLake, Sokoban).
+
+Two renderings, chosen per env with ``obs_format``:
+
+* ``"rows"`` (default): one whitespace-separated word per grid row, prefixed by its row index,
+  e.g. ``0:P_H_ 1:____ 2:_H__ 3:___G``. Built for tiny word-level tokenizers: a 2-layer model
+  reads a row as one token whose embedding carries the row's position, which learned far
+  better than one token per cell. When the last step needs a comment, one status word comes
+  first (``invalid``, ``goal``, ``hole``, ``solved``, ``timeout``, ``ended``); an ordinary step
+  has no prefix, so the vocabulary stays small.
+* ``"grid"``: a multi-line grid with a legend, the status sentence and the valid actions, for
+  real LLMs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+OBS_FORMATS = ("rows", "grid")
+
+STATUS_WORDS = ("", "invalid", "goal", "hole", "solved", "timeout", "ended")
+"""Status of the step that produced an observation; ``""`` is an ordinary step."""
+
+
+@dataclass(frozen=True)
+class GridObs:
+    """What a grid env's ``reset``/``step`` return as ``obs``.
+
+    Attributes:
+        rows: The grid as symbol strings, player drawn in.
+        status: One of :data:`STATUS_WORDS`.
+        message: A sentence for people and LLMs saying what happened (``""`` when nothing to say).
+    """
+
+    rows: tuple[str, ...]
+    status: str = ""
+    message: str = ""
+
+
+def check_obs_format(obs_format: str, env_name: str) -> None:
+    """Raise ``ValueError`` naming the choices when ``obs_format`` is unknown."""
+    if obs_format not in OBS_FORMATS:
+        raise ValueError(
+            f"{env_name}: obs_format={obs_format!r} is unknown; use one of {list(OBS_FORMATS)} "
+            "('rows' for tiny word-level tokenizers, 'grid' for LLMs)."
+        )
+
+
+def render_rows(obs: GridObs) -> str:
+    """The ``"rows"`` rendering: ``[status] 0:<row0> 1:<row1> ...``."""
+    words = [f"{i}:{row}" for i, row in enumerate(obs.rows)]
+    if obs.status:
+        words.insert(0, obs.status)
+    return " ".join(words)
+
+
+def render_grid(obs: GridObs, *, intro: str, legend: str, actions: Sequence[str]) -> str:
+    """The ``"grid"`` rendering: intro, legend, optional status sentence, grid, action list."""
+    lines = [intro, f"Legend: {legend}."]
+    if obs.message:
+        lines.append(obs.message)
+    lines.extend(" ".join(row) for row in obs.rows)
+    lines.append(
+        f"Valid actions: {', '.join(actions)}. Reply with exactly one action, "
+        f"e.g. <answer>{actions[0]}</answer>."
+    )
+    return "\n".join(lines)
