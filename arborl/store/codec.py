@@ -1,0 +1,249 @@
+"""Turning episodes into store rows and back, identically for every backend.
+
+An episode is split into
+
+* its *meta*: every field except ``turns``, as JSON;
+* one :class:`TurnRow` per turn, in creation order: the turn's real ``turn_id``/``parent_id``,
+  its position on the main path (``None`` off it), its step reward, its ``timings`` JSON, and
+  its *canonical body*: the turn as JSON with sorted keys, ``turn_id``/``parent_id`` replaced
+  by creation-order numbers and ``timings`` left out. That is exactly the per-turn form that
+  :meth:`Episode.content_hash` hashes, so one encoding serves both storage and deduplication;
+* its :class:`~arborl.store.base.IndexRow`.
+
+Validation happens here, before any backend writes, so a malformed episode fails the whole
+``put_many`` with a :class:`SchemaError` that names the field. Reading builds the dataclasses
+directly with the same field checks as :meth:`Episode.from_dict` (which is several times slower
+because it re-derives the field list per turn) and falls back to ``from_dict`` on any mismatch,
+so errors come from the schema's own parser.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+from arborl.store.base import IndexRow, check_schema_version
+from arborl.trajectory.schema import Episode, MediaRef, SchemaError, ToolCall, Turn
+
+_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+_CANON = json.JSONEncoder(separators=(",", ":"), allow_nan=False, sort_keys=True)
+_TURN_FIELDS = tuple(f.name for f in fields(Turn))
+_TURN_KEYS = frozenset(_TURN_FIELDS)
+_EPISODE_FIELDS = tuple(f.name for f in fields(Episode) if f.name != "turns")
+_EPISODE_KEYS = frozenset(_EPISODE_FIELDS) | {"turns"}
+# Fields Episode.content_hash leaves out (ids, timestamps, grouping and free-form labels).
+_HASH_EXCLUDED = frozenset({"episode_id", "created_at", "group_id", "iteration", "tags", "metadata"})
+_HASHED_FIELDS = tuple(f for f in _EPISODE_FIELDS if f not in _HASH_EXCLUDED)
+# The hash text is composed as "{<other fields>,"turns":[...]}", valid because "turns" sorts last.
+if not all(f < "turns" for f in _HASHED_FIELDS):
+    raise ImportError("arborl.store.codec composes the content hash assuming 'turns' sorts last; update it")
+
+
+@dataclass
+class TurnRow:
+    """One turn ready to store (see the module docstring)."""
+
+    seq: int
+    path_index: int | None
+    turn_id: str
+    parent_id: str | None
+    reward: float
+    timings: str
+    body: str
+
+
+@dataclass
+class Prepared:
+    """A validated episode split into index row, meta JSON and turn rows."""
+
+    episode: Episode
+    row: IndexRow
+    meta: str
+    turns: list[TurnRow]
+
+
+def _check_index_fields(ep: Episode) -> None:
+    """Type checks for fields the index stores in typed columns (Episode.validate leaves them)."""
+    where = f"episode {ep.episode_id}"
+    for name in ("episode_id", "task_id", "task_type", "group_id", "source", "stop_reason"):
+        if not isinstance(getattr(ep, name), str):
+            raise SchemaError(f"{where}: {name} must be a string, got {getattr(ep, name)!r}")
+    for name in ("policy_version", "iteration"):
+        v = getattr(ep, name)
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise SchemaError(f"{where}: {name} must be an integer, got {v!r}")
+    if not isinstance(ep.created_at, int | float) or not math.isfinite(ep.created_at):
+        raise SchemaError(f"{where}: created_at must be a finite unix time, got {ep.created_at!r}")
+    if not isinstance(ep.tags, list) or not all(isinstance(t, str) for t in ep.tags):
+        raise SchemaError(f"{where}: tags must be a list of strings, got {ep.tags!r}")
+    for k, v in ep.rewards.items():
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+            raise SchemaError(f"{where}: rewards[{k!r}] must be a number or None, got {v!r}")
+
+
+def _dumps(obj: Any, enc: json.JSONEncoder, where: str) -> str:
+    try:
+        return enc.encode(obj)
+    except (ValueError, TypeError) as e:
+        raise SchemaError(f"{where} is not JSON-able with finite numbers: {e}") from e
+
+
+def _turn_rows(ep: Episode) -> list[TurnRow]:
+    order = {t.turn_id: i for i, t in enumerate(ep.turns)}
+    pos = {t.turn_id: i for i, t in enumerate(ep.path())}
+    rows = []
+    for i, t in enumerate(ep.turns):
+        where = f"episode {ep.episode_id} turn {t.turn_id}"
+        d = {name: getattr(t, name) for name in _TURN_FIELDS}
+        d["media"] = [dict(m.__dict__) for m in t.media]
+        d["tool_call"] = None if t.tool_call is None else dict(t.tool_call.__dict__)
+        d["turn_id"] = i
+        d["parent_id"] = None if t.parent_id is None else order[t.parent_id]
+        timings = d.pop("timings")
+        rows.append(TurnRow(seq=i, path_index=pos.get(t.turn_id), turn_id=t.turn_id, parent_id=t.parent_id,
+                            reward=float(t.reward), timings=_dumps(timings, _JSON, where),
+                            body=_dumps(d, _CANON, where)))
+    return rows
+
+
+def content_hash_of(ep: Episode, turns: list[TurnRow]) -> str:
+    """:meth:`Episode.content_hash` from already encoded canonical turn bodies.
+
+    ``tests/store/test_codec.py`` checks that this equals ``Episode.content_hash`` (which
+    deep-copies every token list through ``dataclasses.asdict``, costlier than the database write).
+    """
+    head = _dumps({f: getattr(ep, f) for f in _HASHED_FIELDS}, _CANON, f"episode {ep.episode_id}")
+    text = head[:-1] + ',"turns":[' + ",".join(t.body for t in turns) + "]}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def prepare(item: Episode | dict[str, Any]) -> Prepared:
+    """Validate one episode (or episode dict) and split it into rows.
+
+    Raises:
+        SchemaError: naming the malformed field (unknown/missing fields, newer schema version,
+            non-finite rewards or log-probs, wrong types, non-JSON-able extras).
+    """
+    ep = Episode.from_dict(item) if isinstance(item, dict) else item
+    if not isinstance(ep, Episode):
+        raise SchemaError(f"put_many takes Episode objects or episode dicts, got {type(ep).__name__}")
+    ep.validate()
+    _check_index_fields(ep)
+    turns = _turn_rows(ep)
+    meta = _dumps({f: getattr(ep, f) for f in _EPISODE_FIELDS}, _JSON, f"episode {ep.episode_id}")
+    path = [t for t in turns if t.path_index is not None]
+    row = IndexRow(
+        episode_id=ep.episode_id, task_id=ep.task_id, task_type=ep.task_type, group_id=ep.group_id,
+        source=ep.source, iteration=ep.iteration, policy_version=ep.policy_version,
+        reward=float(sum(t.reward for t in path)), success=ep.success, n_turns=len(path),
+        n_nodes=len(ep.turns), stop_reason=ep.stop_reason, content_hash=content_hash_of(ep, turns),
+        created_at=float(ep.created_at), tags=list(ep.tags), schema_version=ep.schema_version,
+    )
+    return Prepared(ep, row, meta, turns)
+
+
+def _load(x: str | dict[str, Any] | list[Any]) -> Any:
+    return json.loads(x) if isinstance(x, str | bytes) else x
+
+
+def parse_bodies(bodies: list[str]) -> list[dict[str, Any]]:
+    """Parse many JSON texts with one decoder call (per-call overhead dominates small turns)."""
+    return json.loads("[" + ",".join(bodies) + "]") if bodies else []
+
+
+def turn_dict(turn_id: str, parent_id: str | None, timings: str | dict[str, float],
+              body: str | dict[str, Any]) -> dict[str, Any]:
+    """The ``to_dict`` form of a stored turn from its columns and canonical body."""
+    td = json.loads(body) if isinstance(body, str) else body
+    td["turn_id"], td["parent_id"] = turn_id, parent_id
+    td["timings"] = {} if timings == "{}" else _load(timings)
+    return td
+
+
+def _fast_turn(td: dict[str, Any]) -> Turn:
+    if not td.keys() <= _TURN_KEYS:
+        raise SchemaError("unknown turn field")  # caller falls back to from_dict for the message
+    td = dict(td)  # keep the caller's dict intact for the from_dict fallback
+    td["media"] = [MediaRef(**m) for m in td.get("media", ())]
+    tc = td.get("tool_call")
+    td["tool_call"] = None if tc is None else ToolCall(**tc)
+    return Turn(**td)
+
+
+def episode_from(episode_id: str, schema_version: int, meta: str | dict[str, Any],
+                 turns: list[dict[str, Any]]) -> Episode:
+    """Rebuild an episode from its meta and its turns in ``to_dict`` form (creation order).
+
+    Raises:
+        SchemaError: the record was written by a newer arborl, or does not parse.
+    """
+    check_schema_version(episode_id, schema_version)
+    d = dict(_load(meta))
+    try:
+        if d.get("schema_version") != schema_version or not d.keys() <= _EPISODE_KEYS:
+            raise SchemaError("meta does not match the index row")
+        return Episode(**d, turns=[_fast_turn(td) for td in turns])
+    except (TypeError, SchemaError):
+        d["turns"] = turns
+        return Episode.from_dict(d)  # the schema's parser names what is wrong
+
+
+def turns_from(episode_id: str, schema_version: int, turns: list[dict[str, Any]]) -> list[Turn]:
+    """Rebuild some turns of an episode (for ``slice``)."""
+    check_schema_version(episode_id, schema_version)
+    try:
+        return [_fast_turn(td) for td in turns]
+    except (TypeError, SchemaError):
+        # from_dict does not require parents to be present (validate() does), so a partial list parses.
+        return Episode.from_dict({"schema_version": schema_version, "episode_id": episode_id,
+                                  "turns": turns}).turns
+
+
+def to_blob(p: Prepared) -> bytes:
+    """One episode as a self-contained JSON document (for blob-backed bodies)."""
+    rows = ",".join(
+        f"[{_JSON.encode(t.turn_id)},{_JSON.encode(t.parent_id)},{_JSON.encode(t.path_index)},{t.timings},{t.body}]"
+        for t in p.turns)
+    return ('{"v":1,"meta":' + p.meta + ',"turns":[' + rows + "]}").encode()
+
+
+def from_blob(episode_id: str, schema_version: int, data: bytes,
+              start: int | None = None, stop: int | None = None) -> tuple[Episode | None, list[Turn]]:
+    """Inverse of :func:`to_blob`: the episode, or (with ``start``) only its main-path slice."""
+    check_schema_version(episode_id, schema_version)
+    doc = json.loads(data)
+    if doc.get("v") != 1:
+        raise SchemaError(f"episode {episode_id}: body blob format {doc.get('v')!r} is unknown; upgrade arborl")
+    if start is None:
+        turns = [turn_dict(tid, pid, tim, body) for tid, pid, _, tim, body in doc["turns"]]
+        return episode_from(episode_id, schema_version, doc["meta"], turns), []
+    hi = 2**62 if stop is None else stop
+    picked = sorted((pi, turn_dict(tid, pid, tim, body)) for tid, pid, pi, tim, body in doc["turns"]
+                    if pi is not None and start <= pi < hi)
+    return None, turns_from(episode_id, schema_version, [td for _, td in picked])
+
+
+def dedup_batch(prepared: list[Prepared]) -> tuple[list[Prepared], dict[str, str]]:
+    """Drop in-batch duplicates; map each dropped episode id to the id kept for its content.
+
+    Raises:
+        SchemaError: if two different episodes in the batch share an episode_id.
+    """
+    first_by_hash: dict[str, str] = {}
+    hash_by_id: dict[str, str] = {}
+    alias: dict[str, str] = {}
+    unique: list[Prepared] = []
+    for p in prepared:
+        eid, h = p.row.episode_id, p.row.content_hash
+        if eid in hash_by_id and hash_by_id[eid] != h:
+            raise SchemaError(f"episode_id {eid} appears twice in one put_many with different content")
+        hash_by_id[eid] = h
+        if h in first_by_hash:
+            alias[eid] = first_by_hash[h]
+            continue
+        first_by_hash[h] = eid
+        unique.append(p)
+    return unique, alias

@@ -1,0 +1,170 @@
+"""Behaviour shared by the backends: paging, iteration, media, export and SQL filter text.
+
+A backend subclasses :class:`BaseStore` and provides ``_rows`` (one keyset page of index rows
+in either order) and ``_load_many`` (bodies for index rows); everything the protocol derives
+from those two lives here once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+from typing import Any
+
+from arborl.store.base import Filters, IndexRow, Page, StoreConfig, check_limit, decode_cursor
+from arborl.store.blob import BlobStore
+from arborl.trajectory.schema import Episode, MediaRef
+
+
+class BaseStore:
+    """Derived operations on top of a backend's ``_rows`` and ``_load_many``."""
+
+    blobs: BlobStore
+    config: StoreConfig
+
+    # --- provided by backends ------------------------------------------------------------------
+    def _rows(self, f: Filters, *, descending: bool, limit: int,
+              after: tuple[float, Any] | None) -> list[tuple[IndexRow, Any]]:
+        """Up to ``limit`` index rows after the keyset position, with each row's tiebreak key."""
+        raise TypeError(f"{type(self).__name__} must implement _rows")
+
+    def _load_many(self, rows: Sequence[IndexRow]) -> list[Episode]:
+        """Episodes for index rows, in the same order."""
+        raise TypeError(f"{type(self).__name__} must implement _load_many")
+
+    # --- derived -----------------------------------------------------------------------------
+    def _page(self, limit: int, cursor: str | None, filters: dict[str, Any]) -> tuple[list[IndexRow], str | None]:
+        from arborl.store.base import encode_cursor
+
+        check_limit(limit)
+        after = decode_cursor(cursor) if cursor else None
+        got = self._rows(Filters.make(**filters), descending=True, limit=limit + 1, after=after)
+        more = len(got) > limit
+        got = got[:limit]
+        nxt = encode_cursor(got[-1][0].created_at, got[-1][1]) if more else None
+        return [r for r, _ in got], nxt
+
+    def query(self, *, limit: int = 100, cursor: str | None = None, **filters: Any) -> Page:
+        """A page of matching episodes, newest first; pass ``page.next_cursor`` for the next page.
+
+        Args:
+            limit: Page size.
+            cursor: ``next_cursor`` of the previous page.
+            **filters: Keyword filters of :class:`~arborl.store.base.Filters`.
+        """
+        rows, nxt = self._page(limit, cursor, filters)
+        return Page(self._load_many(rows), nxt)
+
+    def query_index(self, *, limit: int = 100, cursor: str | None = None,
+                    **filters: Any) -> tuple[list[IndexRow], str | None]:
+        """Like :meth:`query` but returns index rows only (no body reads)."""
+        return self._page(limit, cursor, filters)
+
+    def iter_rows(self, *, batch_size: int = 1000, **filters: Any) -> Iterator[IndexRow]:
+        """Every matching index row, oldest first, read in keyset pages."""
+        f = Filters.make(**filters)
+        after = None
+        while True:
+            got = self._rows(f, descending=False, limit=check_limit(batch_size), after=after)
+            for r, _ in got:
+                yield r
+            if len(got) < batch_size:
+                return
+            after = (got[-1][0].created_at, got[-1][1])
+
+    def iter_episodes(self, *, batch_size: int = 256, **filters: Any) -> Iterator[Episode]:
+        """Every matching episode, oldest first (ties in insertion order), streamed page by page.
+
+        The order is stable, so two passes over an unchanged store give the same sequence.
+        """
+        f = Filters.make(**filters)
+        after = None
+        while True:
+            got = self._rows(f, descending=False, limit=check_limit(batch_size), after=after)
+            yield from self._load_many([r for r, _ in got])
+            if len(got) < batch_size:
+                return
+            after = (got[-1][0].created_at, got[-1][1])
+
+    def get(self, episode_id: str) -> Episode:
+        """The stored episode; raises :class:`~arborl.store.base.EpisodeNotFound` if absent."""
+        return self.get_many([episode_id])[0]
+
+    def get_many(self, episode_ids: Sequence[str]) -> list[Episode]:  # pragma: no cover - overridden
+        raise TypeError(f"{type(self).__name__} must implement get_many")
+
+    def put_media(self, data: bytes, mime: str = "application/octet-stream") -> MediaRef:
+        """Store media bytes by content hash in the blob store; reference them from a Turn.
+
+        Args:
+            data: The bytes (image, audio, file).
+            mime: MIME type.
+        """
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise TypeError(f"put_media takes bytes, got {type(data).__name__}")
+        data = bytes(data)
+        return MediaRef(url=self.blobs.put(data), mime=mime, sha256=hashlib.sha256(data).hexdigest())
+
+    def get_media(self, ref: MediaRef | str) -> bytes:
+        """Bytes of media stored with :meth:`put_media`."""
+        return self.blobs.get(ref.url if isinstance(ref, MediaRef) else ref)
+
+    def export_parquet(self, path: str, **filters: Any) -> int:
+        """Write matching episodes to Parquet, one row per turn; return the number of rows.
+
+        Columns are listed in :mod:`arborl.store.export`.
+        """
+        from arborl.store.export import write_parquet
+
+        return write_parquet(self, path, **filters)
+
+    def __enter__(self) -> BaseStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()  # type: ignore[attr-defined]
+
+
+def sql_where(f: Filters, ph: str) -> tuple[list[str], list[Any]]:
+    """SQL conditions (without tags) for a :class:`Filters`, with ``ph`` as the placeholder."""
+    conds: list[str] = []
+    args: list[Any] = []
+    for col, op, val in (
+        ("task_type", "=", f.task_type), ("reward", ">=", f.min_reward), ("reward", "<=", f.max_reward),
+        ("created_at", ">=", f.since), ("created_at", "<", f.until),
+        ("policy_version", "=", f.policy_version), ("source", "=", f.source),
+        ("iteration", "=", f.iteration), ("iteration", ">=", f.min_iteration),
+        ("iteration", "<=", f.max_iteration),
+    ):
+        if val is not None:
+            conds.append(f"{col} {op} {ph}")
+            args.append(val)
+    if f.success is not None:
+        conds.append(f"success = {ph}")
+        args.append(f.success)
+    return conds, args
+
+
+def keyset_condition(descending: bool, after: tuple[float, Any] | None, key: str,
+                     ph: str) -> tuple[list[str], list[Any]]:
+    """Condition that resumes after ``after`` = (created_at, tiebreak key) in the given order."""
+    if after is None:
+        return [], []
+    op = "<" if descending else ">"
+    return [f"(created_at {op} {ph} OR (created_at = {ph} AND {key} {op} {ph}))"], [after[0], after[0], after[1]]
+
+
+def expiry_rules(cfg: StoreConfig, older_than: timedelta | None,
+                  task_type: str | None) -> list[tuple[str | None, timedelta, list[str]]]:
+    """(task_type or None for all, ttl, task types to exclude) for one expire call."""
+    if older_than is not None:
+        return [(task_type, older_than, [])]
+    if task_type is not None:
+        ttl = cfg.ttl_for(task_type)
+        return [] if ttl is None else [(task_type, ttl, [])]
+    rules: list[tuple[str | None, timedelta, list[str]]] = [
+        (t, ttl, []) for t, ttl in cfg.ttl_by_task_type.items()]
+    if cfg.default_ttl is not None:
+        rules.append((None, cfg.default_ttl, list(cfg.ttl_by_task_type)))
+    return rules

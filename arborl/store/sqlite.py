@@ -1,0 +1,362 @@
+"""SQLite trajectory store: the embedded default (no service to run).
+
+Layout (``LAYOUT_VERSION`` in table ``store_meta``; a newer layout is refused on open):
+
+* ``episodes``: one index row per episode (typed columns) plus ``meta``, the episode's JSON
+  without its turns. ``seq`` (integer primary key) is the insertion order and keyset tiebreak.
+  Indexes: ``episode_id`` and ``content_hash`` unique; (task_type, created_at);
+  (created_at); (policy_version, created_at); (source, iteration).
+* ``turns``: one row per turn, clustered by (episode seq, creation order), with the turn's
+  position on the main path. ``slice`` reads only the rows it returns; no body is decoded.
+* ``tags``: (tag, episode seq) for tag filters.
+
+Writes run in ``BEGIN IMMEDIATE`` transactions in WAL mode: one ``put_many`` is atomic, several
+processes can write at once (they take turns on the write lock; ``busy_timeout`` waits), and a
+writer killed with ``kill -9`` leaves the last committed state. With the default
+``synchronous=NORMAL`` a *power loss* may drop the last transactions (never corrupt the file);
+pass ``?synchronous=full`` in the URL to make each returned ``put_many`` survive power loss too.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from arborl.store.base import (
+    EpisodeNotFound,
+    Filters,
+    IndexRow,
+    ProfileRow,
+    StoreConfig,
+    StoreError,
+    check_group_by,
+)
+from arborl.store.blob import BlobStore, FileBlobStore
+from arborl.store.codec import (
+    Prepared,
+    dedup_batch,
+    episode_from,
+    parse_bodies,
+    prepare,
+    turn_dict,
+    turns_from,
+)
+from arborl.store.common import BaseStore, expiry_rules, keyset_condition, sql_where
+from arborl.trajectory.schema import Episode, SchemaError, Turn
+
+LAYOUT_VERSION = 1
+"""Version of the table layout below; bump on incompatible changes."""
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS store_meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS episodes(
+  seq INTEGER PRIMARY KEY,
+  episode_id TEXT NOT NULL UNIQUE,
+  content_hash TEXT NOT NULL UNIQUE,
+  task_id TEXT NOT NULL, task_type TEXT NOT NULL, group_id TEXT NOT NULL, source TEXT NOT NULL,
+  iteration INTEGER NOT NULL, policy_version INTEGER NOT NULL,
+  reward REAL NOT NULL, success INTEGER, n_turns INTEGER NOT NULL, n_nodes INTEGER NOT NULL,
+  stop_reason TEXT NOT NULL, created_at REAL NOT NULL, tags TEXT NOT NULL,
+  schema_version INTEGER NOT NULL, meta TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS episodes_type_time ON episodes(task_type, created_at);
+CREATE INDEX IF NOT EXISTS episodes_time ON episodes(created_at);
+CREATE INDEX IF NOT EXISTS episodes_policy_time ON episodes(policy_version, created_at);
+CREATE INDEX IF NOT EXISTS episodes_source_iter ON episodes(source, iteration);
+CREATE TABLE IF NOT EXISTS turns(
+  ep INTEGER NOT NULL, seq INTEGER NOT NULL, path_index INTEGER, turn_id TEXT NOT NULL,
+  parent_id TEXT, reward REAL NOT NULL, timings TEXT NOT NULL, body TEXT NOT NULL,
+  PRIMARY KEY(ep, seq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tags(tag TEXT NOT NULL, ep INTEGER NOT NULL, PRIMARY KEY(tag, ep)) WITHOUT ROWID;
+"""
+
+ROW_COLUMNS = ("episode_id", "task_id", "task_type", "group_id", "source", "iteration", "policy_version",
+               "reward", "success", "n_turns", "n_nodes", "stop_reason", "content_hash", "created_at",
+               "tags", "schema_version")
+_SELECT_ROW = "SELECT seq, " + ", ".join(ROW_COLUMNS) + " FROM episodes"
+_CHUNK = 500  # stay well under SQLite's bound-parameter limit
+
+
+def _row(r: Sequence[Any]) -> IndexRow:
+    (eid, task_id, task_type, group_id, source, it, pv, reward, success, n_turns, n_nodes, stop, h,
+     created, tags, sv) = r
+    return IndexRow(eid, task_id, task_type, group_id, source, it, pv, reward,
+                    None if success is None else bool(success), n_turns, n_nodes, stop, h, created,
+                    json.loads(tags), sv)
+
+
+class SQLiteStore(BaseStore):
+    """Trajectory store in one SQLite file.
+
+    Args:
+        path: Database file (created with its parent directory if missing).
+        blobs: Blob store for media (default: files in ``<path>.blobs/``).
+        config: TTLs and other shared settings.
+        synchronous: SQLite ``synchronous`` pragma: "normal" (default) or "full".
+        busy_timeout_s: How long a writer waits for another process's write lock.
+    """
+
+    def __init__(self, path: str | Path, blobs: BlobStore | None = None, config: StoreConfig | None = None,
+                 synchronous: str = "normal", busy_timeout_s: float = 60.0) -> None:
+        if synchronous.lower() not in ("normal", "full"):
+            raise StoreError(f"synchronous must be 'normal' or 'full', got {synchronous!r}")
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.blobs = blobs or FileBlobStore(str(self.path) + ".blobs")
+        self.config = config or StoreConfig()
+        self._lock = threading.RLock()
+        # Autocommit mode: transactions are explicit BEGIN IMMEDIATE ... COMMIT below.
+        self._db = sqlite3.connect(str(self.path), timeout=busy_timeout_s, isolation_level=None,
+                                   check_same_thread=False)
+        self._db.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
+        self._db.execute("PRAGMA cache_size=-65536")  # 64 MiB page cache
+        self._init_layout()
+
+    def _init_layout(self) -> None:
+        with self._write():
+            for stmt in _SCHEMA.split(";"):
+                if stmt.strip():
+                    self._db.execute(stmt)
+            row = self._db.execute("SELECT value FROM store_meta WHERE key='layout_version'").fetchone()
+            if row is None:
+                self._db.execute("INSERT INTO store_meta VALUES('layout_version', ?)", (str(LAYOUT_VERSION),))
+            elif int(row[0]) > LAYOUT_VERSION:
+                raise StoreError(
+                    f"{self.path} has store layout version {row[0]}, written by a newer arborl; this arborl "
+                    f"reads layout <= {LAYOUT_VERSION}. Upgrade arborl to open it."
+                )
+
+    def _write(self) -> _Tx:
+        return _Tx(self._db, self._lock)
+
+    # --- write ---------------------------------------------------------------------------------
+    def put_many(self, episodes: Iterable[Episode | dict[str, Any]]) -> list[str]:
+        """Store episodes in one transaction; duplicates (same content hash) are not stored twice.
+
+        Returns:
+            One id per input episode: its own id, or the id already stored for the same content.
+
+        Raises:
+            SchemaError: an episode is malformed, or reuses a stored episode_id for other content.
+                Nothing from the call is stored.
+        """
+        prepared = [prepare(e) for e in episodes]
+        unique, alias = dedup_batch(prepared)
+        with self._write():
+            existing = self._existing(unique)
+            new = [p for p in unique if p.row.content_hash not in existing]
+            self._insert(new)
+        out = []
+        for p in prepared:
+            eid = alias.get(p.row.episode_id, p.row.episode_id)
+            out.append(existing.get(p.row.content_hash, eid))
+        return out
+
+    def _existing(self, unique: list[Prepared]) -> dict[str, str]:
+        """content_hash -> stored id for the batch; reject an id reused for different content."""
+        found: dict[str, str] = {}
+        for i in range(0, len(unique), _CHUNK):
+            part = unique[i:i + _CHUNK]
+            marks = ",".join("?" * len(part))
+            hashes = [p.row.content_hash for p in part]
+            found.update(self._db.execute(
+                f"SELECT content_hash, episode_id FROM episodes WHERE content_hash IN ({marks})", hashes))
+            ids = [p.row.episode_id for p in part]
+            for eid, h in self._db.execute(
+                    f"SELECT episode_id, content_hash FROM episodes WHERE episode_id IN ({marks})", ids):
+                mine = next(p.row.content_hash for p in part if p.row.episode_id == eid)
+                if h != mine:
+                    raise SchemaError(
+                        f"episode_id {eid} is already stored with different content; episodes are "
+                        "immutable, so store the new version under a new episode_id")
+        return found
+
+    def _insert(self, new: list[Prepared]) -> None:
+        if not new:
+            return
+        base = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM episodes").fetchone()[0]
+        ep_rows, turn_rows, tag_rows = [], [], []
+        for k, p in enumerate(new, start=base + 1):
+            r = p.row
+            ep_rows.append((k, r.episode_id, r.content_hash, r.task_id, r.task_type, r.group_id, r.source,
+                            r.iteration, r.policy_version, r.reward, r.success, r.n_turns, r.n_nodes,
+                            r.stop_reason, r.created_at, json.dumps(r.tags), r.schema_version, p.meta))
+            turn_rows += [(k, t.seq, t.path_index, t.turn_id, t.parent_id, t.reward, t.timings, t.body)
+                          for t in p.turns]
+            tag_rows += [(tag, k) for tag in set(r.tags)]
+        self._db.executemany(f"INSERT INTO episodes VALUES ({','.join('?' * 18)})", ep_rows)
+        self._db.executemany("INSERT INTO turns VALUES (?,?,?,?,?,?,?,?)", turn_rows)
+        self._db.executemany("INSERT INTO tags VALUES (?,?)", tag_rows)
+
+    # --- read ----------------------------------------------------------------------------------
+    def _where(self, f: Filters) -> tuple[list[str], list[Any]]:
+        conds, args = sql_where(f, "?")
+        for tag in f.tags or ():
+            conds.append("seq IN (SELECT ep FROM tags WHERE tag = ?)")
+            args.append(tag)
+        return conds, args
+
+    def _rows(self, f: Filters, *, descending: bool, limit: int,
+              after: tuple[float, Any] | None) -> list[tuple[IndexRow, Any]]:
+        conds, args = self._where(f)
+        kc, ka = keyset_condition(descending, after, "seq", "?")
+        where = " AND ".join(conds + kc) or "1"
+        order = "DESC" if descending else "ASC"
+        sql = f"{_SELECT_ROW} WHERE {where} ORDER BY created_at {order}, seq {order} LIMIT ?"
+        with self._lock:
+            got = self._db.execute(sql, [*args, *ka, limit]).fetchall()
+        return [(_row(r[1:]), r[0]) for r in got]
+
+    def _load_many(self, rows: Sequence[IndexRow]) -> list[Episode]:
+        if not rows:
+            return []
+        return self.get_many([r.episode_id for r in rows])
+
+    def get_many(self, episode_ids: Sequence[str]) -> list[Episode]:
+        """Episodes in the order of ``episode_ids``.
+
+        Raises:
+            EpisodeNotFound: an id is not stored.
+            SchemaError: a record was written by a newer arborl.
+        """
+        ids = list(episode_ids)
+        metas: dict[str, tuple[int, int, str]] = {}
+        bodies: dict[int, list[dict[str, Any]]] = {}
+        with self._lock:
+            for i in range(0, len(ids), _CHUNK):
+                part = ids[i:i + _CHUNK]
+                marks = ",".join("?" * len(part))
+                for seq, eid, sv, meta in self._db.execute(
+                        f"SELECT seq, episode_id, schema_version, meta FROM episodes WHERE episode_id IN ({marks})",
+                        part):
+                    metas[eid] = (seq, sv, meta)
+                seqs = [metas[e][0] for e in part if e in metas]
+                marks = ",".join("?" * len(seqs))
+                got = self._db.execute(
+                    f"SELECT ep, turn_id, parent_id, timings, body FROM turns WHERE ep IN ({marks}) "
+                    "ORDER BY ep, seq", seqs).fetchall()
+                for (ep, tid, pid, tim, _), td in zip(got, parse_bodies([r[4] for r in got]), strict=True):
+                    bodies.setdefault(ep, []).append(turn_dict(tid, pid, tim, td))
+        out = []
+        for eid in ids:
+            if eid not in metas:
+                raise EpisodeNotFound(eid)
+            seq, sv, meta = metas[eid]
+            out.append(episode_from(eid, sv, meta, bodies.get(seq, [])))
+        return out
+
+    def slice(self, episode_id: str, start: int = 0, stop: int | None = None) -> list[Turn]:
+        """Turns ``start..stop-1`` along the main path, reading only those turn rows.
+
+        Negative indexes are not supported (the path length is ``IndexRow.n_turns``).
+        """
+        if start < 0 or (stop is not None and stop < 0):
+            raise ValueError("slice takes non-negative start/stop; read n_turns from the index row for the length")
+        with self._lock:
+            head = self._db.execute(
+                "SELECT seq, schema_version FROM episodes WHERE episode_id = ?", (episode_id,)).fetchone()
+            if head is None:
+                raise EpisodeNotFound(episode_id)
+            tds = [turn_dict(*r) for r in self._db.execute(
+                "SELECT turn_id, parent_id, timings, body FROM turns WHERE ep = ? AND path_index >= ? "
+                "AND path_index < ? ORDER BY path_index", (head[0], start, 2**62 if stop is None else stop))]
+        return turns_from(episode_id, head[1], tds)
+
+    def count(self, **filters: Any) -> int:
+        """Number of matching episodes."""
+        conds, args = self._where(Filters.make(**filters))
+        with self._lock:
+            return self._db.execute(
+                f"SELECT COUNT(*) FROM episodes WHERE {' AND '.join(conds) or '1'}", args).fetchone()[0]
+
+    def index_row(self, episode_id: str) -> IndexRow:
+        """The index row of one episode."""
+        with self._lock:
+            r = self._db.execute(f"{_SELECT_ROW} WHERE episode_id = ?", (episode_id,)).fetchone()
+        if r is None:
+            raise EpisodeNotFound(episode_id)
+        return _row(r[1:])
+
+    def profile(self, group_by: Sequence[str] = ("task_type", "policy_version"), **filters: Any) -> list[ProfileRow]:
+        """Count, success rate, mean reward and mean turns per group (sorted by group)."""
+        cols = check_group_by(group_by)
+        conds, args = self._where(Filters.make(**filters))
+        sel = ", ".join(cols)
+        sql = (f"SELECT {sel + ', ' if sel else ''}COUNT(*), COUNT(success), SUM(success), AVG(reward), "
+               f"AVG(n_turns) FROM episodes WHERE {' AND '.join(conds) or '1'}"
+               + (f" GROUP BY {sel} ORDER BY {sel}" if sel else ""))
+        with self._lock:
+            got = self._db.execute(sql, args).fetchall()
+        out = []
+        for r in got:
+            g = dict(zip(cols, r[:len(cols)], strict=True))
+            n, n_scored, n_succ, mean_r, mean_t = r[len(cols):]
+            if n == 0:
+                continue
+            out.append(ProfileRow(g, n, n_scored, (n_succ / n_scored) if n_scored else None, mean_r, mean_t))
+        return out
+
+    # --- retention -----------------------------------------------------------------------------
+    def expire(self, older_than: timedelta | None = None, task_type: str | None = None,
+               now: float | None = None) -> int:
+        """Delete episodes created before ``now - older_than`` (or the configured TTLs).
+
+        Args:
+            older_than: Age limit; ``None`` applies ``config.ttl_by_task_type``/``default_ttl``.
+            task_type: Only this task type.
+            now: Reference time (default: the current time).
+
+        Returns:
+            Number of episodes deleted. Media blobs are kept (they may be shared).
+        """
+        now = time.time() if now is None else now
+        rules = expiry_rules(self.config, older_than, task_type)
+        deleted = 0
+        with self._write():
+            for ttype, ttl, exclude in rules:
+                conds, args = ["created_at < ?"], [now - ttl.total_seconds()]
+                if ttype is not None:
+                    conds.append("task_type = ?")
+                    args.append(ttype)
+                if exclude:
+                    conds.append(f"task_type NOT IN ({','.join('?' * len(exclude))})")
+                    args += exclude
+                sub = f"SELECT seq FROM episodes WHERE {' AND '.join(conds)}"
+                self._db.execute(f"DELETE FROM turns WHERE ep IN ({sub})", args)
+                self._db.execute(f"DELETE FROM tags WHERE ep IN ({sub})", args)
+                deleted += self._db.execute(f"DELETE FROM episodes WHERE {' AND '.join(conds)}", args).rowcount
+        return deleted
+
+    def close(self) -> None:
+        """Close the connection and the blob store."""
+        with self._lock:
+            self._db.close()
+        self.blobs.close()
+
+
+class _Tx:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on error) under the connection lock."""
+
+    def __init__(self, db: sqlite3.Connection, lock: threading.RLock) -> None:
+        self.db, self.lock = db, lock
+
+    def __enter__(self) -> None:
+        self.lock.acquire()
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        try:
+            self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        finally:
+            self.lock.release()
