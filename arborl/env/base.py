@@ -14,10 +14,24 @@ An environment knows nothing about models, tokens or training. The rollout calls
 applies the configured invalid-action penalty. ``terminated`` (the task reached an end state)
 and ``truncated`` (a budget ran out) are kept apart, as in Gymnasium.
 
-Optional methods the rest of arborl uses when present:
+The env's own reward for an invalid action is 0 and its ``state_key()`` does not change (an
+env may still count the turn against its step limit). At the end of an episode
+``info["success"]`` is a bool.
+
+Stepping after the episode ended (``terminated`` or ``truncated`` was returned) is a caller
+bug, but it must not kill the trainer either: the env returns the final observation again with
+reward ``0.0``, ``terminated=False``, ``truncated=True``, ``info["action_valid"] = False`` and
+``info["error"]`` saying to call ``reset()``, and the state does not change.
+
+Optional attributes the rest of arborl uses when present:
 
 * ``expert_action() -> str``: an action text an expert would take now (``synth`` uses it).
 * ``task_type: str`` attribute: capability bucket for the store (default: the class name).
+* ``actions: Sequence[str]``: the valid action words, when the action set is finite.
+* ``deterministic: bool``: ``False`` when transitions are random (default ``True``).
+* ``max_steps: int``: the env's own step limit (``truncated`` when reached).
+
+:func:`arborl.env.check.check_env` checks all of the above on an env instance.
 """
 
 from __future__ import annotations

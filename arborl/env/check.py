@@ -65,6 +65,7 @@ def check_env(env: Any, *, seed: int = 0, n_steps: int = 20) -> None:
     Raises:
         EnvCheckError: The first broken rule, with the method name, expectation and fix.
     """
+    _check_methods(env)
     _check_reset_signature(env)
     text = _format(env, _reset(env, seed)[0], "after reset")
     key = _state_key(env, "after reset")
@@ -88,10 +89,24 @@ def check_env(env: Any, *, seed: int = 0, n_steps: int = 20) -> None:
     _call("close", env.close, fix="make close() idempotent and free only what the env opened")
 
 
+_REQUIRED = {
+    "reset": "def reset(self, *, seed=None, options=None) -> tuple[obs, dict]",
+    "step": "def step(self, action: str) -> StepResult",
+    "format_observation": "def format_observation(self, obs) -> str",
+    "state_key": "def state_key(self) -> Hashable (a tuple describing the current state)",
+    "close": "def close(self) -> None",
+}
+
+
+def _check_methods(env: Any) -> None:
+    for name, signature in _REQUIRED.items():
+        if not callable(getattr(env, name, None)):
+            raise _fail(name, f"a method `{name}`", f"{type(env).__name__} has no callable `{name}`",
+                        f"add `{signature}`")
+
+
 def _check_reset_signature(env: Any) -> None:
-    reset = getattr(env, "reset", None)
-    if not callable(reset):
-        raise _fail("reset", "a method reset(*, seed=None, options=None)", "no callable reset", "add it")
+    reset = env.reset
     params = inspect.signature(reset).parameters
     for name in ("seed", "options"):
         param = params.get(name)

@@ -8,8 +8,9 @@ perpendicular direction with 1/3), and departs from it in three ways:
   gives Gymnasium's top-left start / bottom-right goal). With fixed corners a policy can score
   by always heading down-right; random ends force it to read the map.
 * Every generated map has a path S -> G (regenerated until BFS finds one), and map generation is a
-  pure function of ``(seed, size, hole_prob, fixed_corners)``: :func:`heldout_maps` gives the
-  evaluation set from a seed range disjoint from training seeds.
+  pure function of its arguments. Seeds from ``heldout_seed_start`` on (default 1,000,000) give
+  only maps of the held-out part of the map space and seeds below it only the rest, so training
+  never meets an evaluation map (:func:`heldout_maps` lists the evaluation set).
 * Observations are text (see :mod:`arborl.env.envs._grid` for the ``rows`` and ``grid`` formats);
   ``P`` is the player, ``H`` a hole, ``G`` the goal, ``_`` frozen ice (the start cell too).
 
@@ -27,14 +28,20 @@ from functools import lru_cache
 from typing import Any
 
 from arborl.env.base import StepResult
-from arborl.env.envs._grid import GridObs, check_obs_format, render_grid, render_rows
+from arborl.env.envs._grid import (
+    HELDOUT_SEED_START,
+    GridObs,
+    check_obs_format,
+    in_heldout_part,
+    render_grid,
+    render_rows,
+    wants_heldout,
+)
 from arborl.env.parsing import ENDED_ERROR, extract_action, invalid_message
 
 ACTIONS = ("Left", "Down", "Right", "Up")
 _MOVES = ((0, -1), (1, 0), (0, 1), (-1, 0))  # (drow, dcol) per action index, Gymnasium's order
 _MAX_MAP_ATTEMPTS = 10_000
-HELDOUT_SEED_START = 1_000_000_000
-"""First seed of the held-out evaluation range; train on seeds below it."""
 
 Cell = tuple[int, int]
 
@@ -83,7 +90,14 @@ def _distances_to_goal(desc: tuple[str, ...]) -> dict[Cell, int]:
     return dist
 
 
-def generate_map(seed: int, *, size: int = 4, hole_prob: float = 0.2, fixed_corners: bool = False) -> tuple[str, ...]:
+def generate_map(
+    seed: int,
+    *,
+    size: int = 4,
+    hole_prob: float = 0.2,
+    fixed_corners: bool = False,
+    heldout_seed_start: int | None = HELDOUT_SEED_START,
+) -> tuple[str, ...]:
     """A random ``size x size`` map with a path from S to G; a pure function of its arguments.
 
     Args:
@@ -93,6 +107,9 @@ def generate_map(seed: int, *, size: int = 4, hole_prob: float = 0.2, fixed_corn
         hole_prob: Probability that a cell other than S/G is a hole.
         fixed_corners: S at the top-left and G at the bottom-right (Gymnasium's layout) instead
             of two random distinct cells.
+        heldout_seed_start: Seeds from here on draw from the held-out part of the map space,
+            seeds below it from the training part (see :func:`~arborl.env.envs._grid.in_heldout_part`);
+            ``None`` turns the partition off.
 
     Returns:
         Rows in Gymnasium's letters: ``S`` start, ``F`` frozen, ``H`` hole, ``G`` goal.
@@ -101,6 +118,7 @@ def generate_map(seed: int, *, size: int = 4, hole_prob: float = 0.2, fixed_corn
         raise TypeError(f"generate_map: seed must be an int, got {type(seed).__name__}.")
     _check_map_params(size, hole_prob)
     rng = random.Random(f"arborl.frozenlake/{size}/{hole_prob!r}/{int(fixed_corners)}/{seed}")
+    part = wants_heldout(seed, heldout_seed_start)
     for _ in range(_MAX_MAP_ATTEMPTS):
         grid = [["H" if rng.random() < hole_prob else "F" for _ in range(size)] for _ in range(size)]
         if fixed_corners:
@@ -111,37 +129,40 @@ def generate_map(seed: int, *, size: int = 4, hole_prob: float = 0.2, fixed_corn
         grid[start[0]][start[1]] = "S"
         grid[goal[0]][goal[1]] = "G"
         desc = tuple("".join(row) for row in grid)
+        if part is not None and in_heldout_part(map_fingerprint(desc)) != part:
+            continue
         if start in _distances_to_goal(desc):
             return desc
     raise RuntimeError(
         f"generate_map: no map with a path S->G in {_MAX_MAP_ATTEMPTS} tries (size={size}, "
-        f"hole_prob={hole_prob}); lower hole_prob."
+        f"hole_prob={hole_prob}, heldout_seed_start={heldout_seed_start}); lower hole_prob, or pass "
+        "heldout_seed_start=None when the map space is too small to split."
     )
 
 
 def heldout_maps(
     n: int = 512,
     *,
-    start_seed: int = HELDOUT_SEED_START,
+    heldout_seed_start: int = HELDOUT_SEED_START,
     size: int = 4,
     hole_prob: float = 0.2,
     fixed_corners: bool = False,
 ) -> list[tuple[int, tuple[str, ...]]]:
-    """``n`` distinct evaluation maps from seeds ``start_seed, start_seed + 1, ...``.
+    """``n`` distinct evaluation maps from seeds ``heldout_seed_start, heldout_seed_start + 1, ...``.
 
     Seeds whose map repeats an earlier one in the set are skipped, so the result always has
-    ``n`` different maps. Train on seeds below :data:`HELDOUT_SEED_START`; small lakes repeat
-    maps across seeds, so a trainer that must never see an evaluation map should also skip
-    training seeds whose :func:`map_fingerprint` is in this set.
+    ``n`` different maps, and none of them can come from a training seed (below
+    ``heldout_seed_start``) of an env built with the same settings.
 
     Returns:
         ``(seed, desc)`` pairs; ``env.reset(seed=seed)`` with matching settings plays ``desc``.
     """
     out: list[tuple[int, tuple[str, ...]]] = []
     seen: set[tuple[str, ...]] = set()
-    seed = start_seed
+    seed = heldout_seed_start
     while len(out) < n:
-        desc = generate_map(seed, size=size, hole_prob=hole_prob, fixed_corners=fixed_corners)
+        desc = generate_map(seed, size=size, hole_prob=hole_prob, fixed_corners=fixed_corners,
+                            heldout_seed_start=heldout_seed_start)
         if desc not in seen:
             seen.add(desc)
             out.append((seed, desc))
@@ -217,6 +238,8 @@ class FrozenLake:
         max_steps: Steps (valid or not) before truncation; ``None`` means ``2 * rows * cols``.
         obs_format: ``"rows"`` (tiny tokenizers) or ``"grid"`` (LLMs).
         fixed_corners: Start top-left and goal bottom-right instead of random cells.
+        heldout_seed_start: Seeds from here on play held-out maps only, seeds below it training
+            maps only; ``None`` turns the split off. Keep it equal to the trainer's eval seed start.
 
     ``reset(options={"desc": ["SFFF", ...]})`` plays an explicit map instead of a generated one.
     """
@@ -233,6 +256,7 @@ class FrozenLake:
         max_steps: int | None = None,
         obs_format: str = "rows",
         fixed_corners: bool = False,
+        heldout_seed_start: int | None = HELDOUT_SEED_START,
     ) -> None:
         _check_map_params(size, hole_prob)
         check_obs_format(obs_format, "FrozenLake")
@@ -240,6 +264,7 @@ class FrozenLake:
             raise ValueError(f"FrozenLake: max_steps={max_steps!r} must be a positive int or None.")
         self.size, self.hole_prob, self.is_slippery = size, hole_prob, is_slippery
         self.obs_format, self.fixed_corners = obs_format, fixed_corners
+        self.heldout_seed_start = heldout_seed_start
         self._max_steps_arg = max_steps
         self.max_steps = max_steps if max_steps is not None else 2 * size * size
         self._seed_rng = random.Random()  # draws the seed of a reset(seed=None)
@@ -280,7 +305,8 @@ class FrozenLake:
         if "desc" in options:
             desc = _validate_desc(options["desc"])
         else:
-            desc = generate_map(seed, size=self.size, hole_prob=self.hole_prob, fixed_corners=self.fixed_corners)
+            desc = generate_map(seed, size=self.size, hole_prob=self.hole_prob, fixed_corners=self.fixed_corners,
+                                heldout_seed_start=self.heldout_seed_start)
         self._desc = desc
         self._fingerprint = map_fingerprint(desc)
         self._base_rows = [row.replace("S", "_").replace("F", "_") for row in desc]

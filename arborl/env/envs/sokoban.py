@@ -7,7 +7,8 @@ push, so the result is solvable, and a BFS solver over ``(player, boxes)`` state
 confirms it and gives the optimal plan. Rooms already solved, unsolvable within the solver's
 node budget, or needing more than ``max_steps`` moves are rejected; generation gives up after
 ``max_gen_attempts`` rooms with a clear error, so its time is bounded. Generation is a pure
-function of ``(seed, dim, num_boxes, max_steps)``.
+function of its arguments, and as in FrozenLake seeds from ``heldout_seed_start`` on only give
+rooms of the held-out part of the room space, seeds below it only the rest.
 
 Symbols (the ``rows`` and ``grid`` formats of :mod:`arborl.env.envs._grid`, and
 ``reset(options={"room": [...]})``): ``#`` wall, ``_`` floor, ``O`` target, ``X`` box,
@@ -27,7 +28,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from arborl.env.base import StepResult
-from arborl.env.envs._grid import GridObs, check_obs_format, render_grid, render_rows
+from arborl.env.envs._grid import (
+    HELDOUT_SEED_START,
+    GridObs,
+    check_obs_format,
+    in_heldout_part,
+    render_grid,
+    render_rows,
+    wants_heldout,
+)
 from arborl.env.parsing import ENDED_ERROR, extract_action, invalid_message
 
 ACTIONS = ("Up", "Down", "Left", "Right")
@@ -217,6 +226,7 @@ def generate_room(
     max_steps: int = 40,
     max_gen_attempts: int = 200,
     solver_max_nodes: int = 200_000,
+    heldout_seed_start: int | None = HELDOUT_SEED_START,
 ) -> tuple[tuple[str, ...], int]:
     """A solvable room for ``seed``, as symbol rows, and the length of its optimal plan.
 
@@ -228,6 +238,7 @@ def generate_room(
     """
     height, width = dim
     rng = random.Random(f"arborl.sokoban/{height}x{width}/{num_boxes}/{max_steps}/{seed}")
+    part = wants_heldout(seed, heldout_seed_start)
     for _ in range(max_gen_attempts):
         topology = _topology(rng, height, width, num_boxes)
         if topology is None:
@@ -238,13 +249,16 @@ def generate_room(
         start = _reverse_play(rng, walls, targets, player, width, n_moves=12 * len(floor))
         if start is None:
             continue
+        rows = render_room(height, width, walls, frozenset(targets), start)
+        if part is not None and in_heldout_part("/".join(rows)) != part:
+            continue
         plan = solve(walls, frozenset(targets), height, width, start, max_nodes=solver_max_nodes)
         if plan and len(plan) <= max_steps:
-            return render_room(height, width, walls, frozenset(targets), start), len(plan)
+            return rows, len(plan)
     raise RuntimeError(
         f"Sokoban: no solvable room within {max_gen_attempts} attempts for seed={seed}, dim={dim}, "
-        f"num_boxes={num_boxes}, max_steps={max_steps}; use fewer boxes, a larger dim, a larger max_steps "
-        "or a larger solver_max_nodes."
+        f"num_boxes={num_boxes}, max_steps={max_steps}; use fewer boxes, a larger dim, a larger max_steps, "
+        "a larger solver_max_nodes or max_gen_attempts."
     )
 
 
@@ -261,6 +275,8 @@ class Sokoban:
             push takes one off (0 disables).
         max_gen_attempts: Rooms tried per reset before giving up with an error.
         solver_max_nodes: State budget of the BFS solver (generation check and ``expert_action``).
+        heldout_seed_start: Seeds from here on play held-out rooms only, seeds below it training
+            rooms only; ``None`` turns the split off.
 
     ``reset(options={"room": ["#####", ...]})`` plays an explicit room written in the symbols.
     """
@@ -279,6 +295,7 @@ class Sokoban:
         box_reward: float = 0.0,
         max_gen_attempts: int = 200,
         solver_max_nodes: int = 200_000,
+        heldout_seed_start: int | None = HELDOUT_SEED_START,
     ) -> None:
         height, width = (dim, dim) if isinstance(dim, int) else tuple(dim)
         if not (4 <= height <= 16 and 4 <= width <= 16):
@@ -294,6 +311,7 @@ class Sokoban:
         self.dim, self.num_boxes, self.obs_format = (height, width), num_boxes, obs_format
         self.max_steps = max_steps if max_steps is not None else 10 * (height - 2) * (width - 2) // 4
         self.box_reward, self.max_gen_attempts, self.solver_max_nodes = box_reward, max_gen_attempts, solver_max_nodes
+        self.heldout_seed_start = heldout_seed_start
         self._seed_rng = random.Random()  # draws the seed of a reset(seed=None)
         self._height = self._width = 0
         self._walls: frozenset[int] = frozenset()
@@ -325,6 +343,7 @@ class Sokoban:
             rows, optimal = generate_room(
                 seed, dim=self.dim, num_boxes=self.num_boxes, max_steps=self.max_steps,
                 max_gen_attempts=self.max_gen_attempts, solver_max_nodes=self.solver_max_nodes,
+                heldout_seed_start=self.heldout_seed_start,
             )
         self._height, self._width, self._walls, self._targets, self._state = parse_room(rows)
         static = render_room(self._height, self._width, self._walls, self._targets, (-1, frozenset()))
