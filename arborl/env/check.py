@@ -113,7 +113,7 @@ def _check_reset_signature(env: Any) -> None:
         if param is None or param.kind is not inspect.Parameter.KEYWORD_ONLY or param.default is not None:
             raise _fail("reset", "keyword-only parameters `seed` and `options` defaulting to None",
                         f"signature reset{inspect.signature(reset)}",
-                        "declare `def reset(self, *, seed: int | None = None, options: dict | None = None)`")
+                        "declare `def reset(self, *, seed: int | None = None, options: dict | None = None)` (note the bare `*`)")
 
 
 def _reset(env: Any, seed: int) -> tuple[Any, dict]:
@@ -149,10 +149,10 @@ def _state_key(env: Any, when: str) -> Any:
     return key
 
 
-def _step(env: Any, action: str) -> StepResult:
-    res = _call(f"step({action!r})", env.step, action,
-                fix="step must never raise on model text: return info['action_valid']=False instead")
-    where = f"step({action!r})"
+def _step(env: Any, action: str, *, context: str = "", fix: str = "") -> StepResult:
+    where = f"step({action!r}){context}"
+    res = _call(where, env.step, action,
+                fix=fix or "step must never raise on model text: return info['action_valid']=False instead")
     if not isinstance(res, StepResult):
         raise _fail(where, "an arborl.env.StepResult", type(res).__name__, "return StepResult(obs, reward, ...)")
     if not isinstance(res.reward, float) or not math.isfinite(res.reward):
@@ -208,8 +208,9 @@ def _check_step_after_end(env: Any) -> None:
     before = _state_key(env, "after the episode ended")
     actions = list(getattr(env, "actions", None) or [])
     action = actions[0] if actions else _call("expert_action", env.expert_action, fix="see expert_action")
-    res = _step(env, action)
     where = f"step({action!r}) after the episode ended"
+    res = _step(env, action, context=" after the episode ended",
+                fix="keep a done flag and answer steps after the end with truncated=True and info['error']")
     ok = (res.truncated and res.reward == 0.0 and res.info["action_valid"] is False
           and isinstance(res.info.get("error"), str) and bool(res.info["error"]))
     if not ok:
