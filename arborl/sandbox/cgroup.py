@@ -1,0 +1,203 @@
+"""Per-run memory and pids cgroups (v1 or v2, detected at runtime), with a kill-all.
+
+Each run gets its own group below the caller's own cgroup (``<own>/arborl/<run>``) with
+``memory`` and ``pids`` limits. The child joins it *before* it execs anything (the backend writes
+``0`` -- "the writing process" -- to ``cgroup.procs`` from ``preexec_fn`` while still root), so
+every descendant is accounted and can be found again by :meth:`RunCgroup.kill_all`.
+
+Layouts handled:
+
+- cgroup v1 (the hybrid layout of the reference VMs): ``/sys/fs/cgroup/memory`` and
+  ``/sys/fs/cgroup/pids`` hierarchies; limits ``memory.limit_in_bytes`` (+ ``memsw`` when swap
+  accounting exists) and ``pids.max``; OOM kills read from ``memory.oom_control``.
+- cgroup v2 when the unified hierarchy has the ``memory`` and ``pids`` controllers delegated to
+  the caller's group: ``memory.max``, ``memory.swap.max``, ``pids.max``, ``memory.events``,
+  ``cgroup.kill``.
+
+When neither works (not root, no controllers), :func:`detect` returns ``None`` and backends fall
+back to rlimits. What it does not limit: CPU time (rlimits do that) and disk (tmpfs size does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+
+_ROOT = "/sys/fs/cgroup"
+_counter = itertools.count()
+_lock = threading.Lock()
+
+
+def _own_paths() -> dict[str, str]:
+    """Map controller name ('' for v2) to this process's cgroup path."""
+    paths: dict[str, str] = {}
+    with open("/proc/self/cgroup") as fh:
+        for line in fh:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            for name in controllers.split(",") if controllers else [""]:
+                paths[name] = path
+    return paths
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(value)
+
+
+def _read(path: str) -> str:
+    with open(path) as fh:
+        return fh.read()
+
+
+@dataclass
+class RunCgroup:
+    """The cgroup directories of one run (one per v1 controller, or one v2 directory)."""
+
+    dirs: list[str]
+    version: int
+
+    def procs_paths(self) -> list[str]:
+        """The ``cgroup.procs`` files the child must join."""
+        return [os.path.join(d, "cgroup.procs") for d in self.dirs]
+
+    def oom_killed(self) -> bool:
+        """Whether the kernel OOM-killed a process of this run."""
+        name = "memory.oom_control" if self.version == 1 else "memory.events"
+        for d in self.dirs:
+            path = os.path.join(d, name)
+            if not os.path.exists(path):
+                continue
+            for line in _read(path).splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill" and int(value) > 0:
+                    return True
+        return False
+
+    def pids(self) -> list[int]:
+        """Host pids still in the group."""
+        found: set[int] = set()
+        for path in self.procs_paths():
+            with contextlib.suppress(OSError):
+                found.update(int(p) for p in _read(path).split())
+        return sorted(found)
+
+    def kill_all(self, timeout_s: float = 1.0) -> bool:
+        """SIGKILL every process in the group until it is empty; ``True`` if it emptied in time."""
+        if self.version == 2:
+            with contextlib.suppress(OSError):
+                _write(os.path.join(self.dirs[0], "cgroup.kill"), "1")
+        end = time.monotonic() + timeout_s
+        while True:
+            pids = self.pids()
+            if not pids:
+                return True
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            if time.monotonic() > end:
+                return False
+            time.sleep(0.002)
+
+    def remove(self) -> None:
+        """Kill what is left and delete the directories (best effort, bounded)."""
+        self.kill_all()
+        for d in self.dirs:
+            for _ in range(50):
+                try:
+                    os.rmdir(d)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.002)  # the last exiting task can keep the group busy briefly
+
+
+@dataclass(frozen=True)
+class CgroupFactory:
+    """Creates :class:`RunCgroup` directories below a writable base."""
+
+    bases: tuple[str, ...]
+    version: int
+
+    def create(self, *, memory_mb: int, pids: int) -> RunCgroup:
+        """Make a fresh group with the given limits.
+
+        Args:
+            memory_mb: Memory limit (RAM; swap is limited to the same total where configurable).
+            pids: Maximum number of tasks (processes and threads).
+        """
+        with _lock:
+            name = f"run-{os.getpid()}-{next(_counter)}"
+        dirs = [os.path.join(base, name) for base in self.bases]
+        for d in dirs:
+            os.mkdir(d)
+        cg = RunCgroup(dirs=dirs, version=self.version)
+        try:
+            self._limit(cg, memory_mb << 20, pids)
+        except OSError:
+            cg.remove()
+            raise
+        return cg
+
+    def _limit(self, cg: RunCgroup, mem: int, pids: int) -> None:
+        for d in cg.dirs:
+            if self.version == 2:
+                _write(os.path.join(d, "memory.max"), str(mem))
+                with contextlib.suppress(OSError):
+                    _write(os.path.join(d, "memory.swap.max"), "0")
+                _write(os.path.join(d, "pids.max"), str(pids))
+            elif os.path.exists(os.path.join(d, "memory.limit_in_bytes")):
+                _write(os.path.join(d, "memory.limit_in_bytes"), str(mem))
+                with contextlib.suppress(OSError):  # absent without swap accounting
+                    _write(os.path.join(d, "memory.memsw.limit_in_bytes"), str(mem))
+            else:
+                _write(os.path.join(d, "pids.max"), str(pids))
+
+
+def _try_base(base: str) -> bool:
+    try:
+        os.makedirs(base, exist_ok=True)
+        probe = os.path.join(base, f"probe-{os.getpid()}")
+        os.mkdir(probe)
+        os.rmdir(probe)
+    except OSError:
+        return False
+    return True
+
+
+_detected: list[CgroupFactory | None] = []
+
+
+def detect() -> CgroupFactory | None:
+    """Find a usable memory+pids cgroup layout (cached); ``None`` if there is none."""
+    if not _detected:
+        _detected.append(_detect())
+    return _detected[0]
+
+
+def _detect() -> CgroupFactory | None:
+    try:
+        own = _own_paths()
+    except OSError:
+        return None
+    if "memory" in own and "pids" in own:
+        bases = tuple(os.path.join(_ROOT, c, own[c].lstrip("/"), "arborl") for c in ("memory", "pids"))
+        if all(os.path.isdir(os.path.dirname(b)) for b in bases) and all(_try_base(b) for b in bases):
+            return CgroupFactory(bases=bases, version=1)
+    if "" in own:
+        unified = os.path.join(_ROOT, own[""].lstrip("/"))
+        try:
+            enabled = _read(os.path.join(unified, "cgroup.subtree_control")).split()
+        except OSError:
+            return None
+        base = os.path.join(unified, "arborl")
+        if {"memory", "pids"} <= set(enabled) and _try_base(base):
+            with contextlib.suppress(OSError):
+                _write(os.path.join(base, "cgroup.subtree_control"), "+memory +pids")
+            return CgroupFactory(bases=(base,), version=2)
+    return None

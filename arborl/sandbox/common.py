@@ -1,0 +1,279 @@
+"""Pieces shared by the one-shot backends (``bwrap``, ``process``): spawn, limit, collect, report.
+
+:func:`run_once` is the whole life of one run: create the run's cgroup, spawn the child with a
+``preexec_fn`` that joins the cgroup, sets rlimits and drops to ``nobody`` (in that order: the
+first two need root), collect output under the deadline, then kill every descendant (process
+group + cgroup) and turn what happened into an :class:`ExecResult`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import pickle
+import resource
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from arborl.sandbox import cgroup as cgroups
+from arborl.sandbox.base import ExecResult, Limits, SandboxError
+from arborl.sandbox.output import collect
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+NOBODY_UID = 65534
+NOBODY_GID = 65534
+# Where the proxy's unix socket appears inside the sandbox.
+PROXY_SOCKET_IN_SANDBOX = "/run/arborl/proxy.sock"
+# Tasks a run needs besides the snippet's own (bwrap monitor + pid-1 reaper + the relay thread).
+PIDS_OVERHEAD = 4
+SANDBOX_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+    "LANG": "C.UTF-8",
+    "USER": "nobody",
+}
+
+_PKG = Path(__file__).resolve().parent
+
+
+@functools.cache
+def launcher_source() -> str:
+    """Source text of :mod:`arborl.sandbox.launcher` (shipped into the sandbox)."""
+    return (_PKG / "launcher.py").read_text()
+
+
+@functools.cache
+def relay_source() -> str:
+    """Source text of the proxy relay (``arborl/proxy/relay.py``) shipped into the sandbox."""
+    path = _PKG.parent / "proxy" / "relay.py"
+    if not path.exists():
+        raise SandboxError(f"proxy relay {path} is missing; reinstall arborl (it ships arborl/proxy/relay.py)")
+    return path.read_text()
+
+
+def check_proxy_socket(path: str | None) -> str | None:
+    """Validate a proxy socket path; return it absolute (or ``None``)."""
+    if path is None:
+        return None
+    real = os.path.realpath(path)
+    if not os.path.exists(real):
+        raise SandboxError(f"proxy_socket {path!r} does not exist; start the arborl proxy first")
+    if not os.stat(real).st_mode & 0o002:
+        raise SandboxError(
+            f"proxy_socket {path!r} is not connectable by the sandbox user (uid {NOBODY_UID}); "
+            f"make it world-writable: chmod 0666 {path}"
+        )
+    return real
+
+
+def validate_files(files: dict[str, bytes] | None) -> dict[str, bytes]:
+    """Check the caller's files: relative paths inside the scratch dir, bytes content."""
+    clean: dict[str, bytes] = {}
+    for name, data in (files or {}).items():
+        norm = os.path.normpath(name)
+        if not name or os.path.isabs(name) or norm.startswith("..") or norm in (".", "main.py"):
+            raise ValueError(
+                f"file name {name!r} must be a relative path inside the scratch directory "
+                "(no '..', not absolute, not 'main.py' which holds the snippet)"
+            )
+        if isinstance(data, str):
+            data = data.encode()
+        if not isinstance(data, bytes | bytearray):
+            raise TypeError(f"file {name!r}: content must be bytes or str, got {type(data).__name__}")
+        clean[norm] = bytes(data)
+    return clean
+
+
+def make_request(code: str, stdin: str | bytes, files: dict[str, bytes] | None, proxy: str | None) -> bytes:
+    """Pickle one request for :mod:`arborl.sandbox.launcher`.
+
+    Args:
+        code: The snippet.
+        stdin: Its standard input.
+        files: Files for the scratch directory.
+        proxy: Path of the proxy socket *as seen inside the sandbox*, or ``None``.
+    """
+    if not isinstance(code, str):
+        raise TypeError(f"code must be str, got {type(code).__name__}")
+    return pickle.dumps(
+        {
+            "code": code,
+            "stdin": stdin.encode() if isinstance(stdin, str) else bytes(stdin),
+            "files": validate_files(files),
+            "relay_src": relay_source() if proxy else None,
+            "proxy_socket": proxy,
+        }
+    )
+
+
+def rlimits(limits: Limits, *, cgroup: bool) -> list[tuple[int, tuple[int, int]]]:
+    """The rlimits of a run; memory and process count only when no cgroup enforces them.
+
+    RLIMIT_AS is a fallback only: it limits address space, not memory, and breaks runtimes that
+    reserve large mappings. RLIMIT_NPROC counts every process of uid 65534 on the host, so
+    concurrent runs share it; again only a fallback.
+    """
+    cpu = math.ceil(limits.cpu_s)
+    out = [
+        (resource.RLIMIT_CPU, (cpu, cpu + 1)),  # SIGXCPU first, SIGKILL one second later
+        (resource.RLIMIT_FSIZE, (limits.disk_mb << 20, limits.disk_mb << 20)),
+        (resource.RLIMIT_CORE, (0, 0)),
+        (resource.RLIMIT_NOFILE, (1024, 1024)),
+    ]
+    if not cgroup:
+        mem = (limits.memory_mb + 64) << 20  # + interpreter/bwrap address-space overhead
+        out += [(resource.RLIMIT_AS, (mem, mem)), (resource.RLIMIT_NPROC, (limits.pids, limits.pids))]
+    return out
+
+
+def make_preexec(
+    procs_paths: list[str],
+    limits: list[tuple[int, tuple[int, int]]],
+    before_drop: Callable[[], None] | None = None,
+    after_drop: Callable[[], None] | None = None,
+) -> Callable[[], None]:
+    """Build the child-side setup: join cgroups, set rlimits, (hook), drop to nobody, (hook).
+
+    Only plain syscalls run in it (no locks, no imports), which keeps ``preexec_fn`` safe enough
+    in a threaded parent.
+    """
+
+    def preexec() -> None:
+        for path in procs_paths:
+            fd = os.open(path, os.O_WRONLY)
+            os.write(fd, b"0")  # "0" = the writing process
+            os.close(fd)
+        for which, value in limits:
+            resource.setrlimit(which, value)
+        if before_drop is not None:
+            before_drop()
+        os.setgroups([])
+        os.setresgid(NOBODY_GID, NOBODY_GID, NOBODY_GID)
+        os.setresuid(NOBODY_UID, NOBODY_UID, NOBODY_UID)
+        if after_drop is not None:
+            after_drop()
+
+    return preexec
+
+
+def make_preexec_join(procs_paths: list[str]) -> Callable[[], None]:
+    """A ``preexec_fn`` that only joins cgroups (for processes that stay root, like the zygote)."""
+
+    def preexec() -> None:
+        for path in procs_paths:
+            fd = os.open(path, os.O_WRONLY)
+            os.write(fd, b"0")
+            os.close(fd)
+
+    return preexec
+
+
+def exit_status(returncode: int | None, *, via_bwrap: bool) -> int | None:
+    """Normalise an exit status: negative signal numbers, also for bwrap's ``128 + sig``."""
+    if returncode is None:
+        return None
+    if via_bwrap and 128 < returncode <= 128 + 64:
+        return -(returncode - 128)
+    return returncode
+
+
+def run_once(
+    argv: list[str],
+    *,
+    limits: Limits,
+    backend: str,
+    pass_fds: tuple[int, ...] = (),
+    before_drop: Callable[[], None] | None = None,
+    after_drop: Callable[[], None] | None = None,
+    env: dict[str, str] | None = None,
+    via_bwrap: bool = False,
+) -> ExecResult:
+    """Spawn ``argv`` as nobody under the run's limits and collect its result.
+
+    Args:
+        argv: The command (its last argument usually a payload fd in ``pass_fds``).
+        limits: Resource limits of the run.
+        backend: Backend name recorded in the result.
+        pass_fds: Fds the child inherits; the caller still owns (and closes) them.
+        before_drop: Extra root-only setup in the child, run just before dropping privileges.
+        after_drop: Extra setup run as nobody just before exec (e.g. loading seccomp).
+        env: Environment of the child (default: only ``PATH``).
+        via_bwrap: The child is bwrap (exit status ``128 + sig`` means killed by ``sig``).
+    """
+    start = time.monotonic()
+    factory = cgroups.detect()
+    cg = factory.create(memory_mb=limits.memory_mb, pids=limits.pids + PIDS_OVERHEAD) if factory else None
+    try:
+        preexec = make_preexec(
+            cg.procs_paths() if cg else [], rlimits(limits, cgroup=cg is not None), before_drop, after_drop
+        )
+        try:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=env or {"PATH": "/usr/bin:/bin"}, preexec_fn=preexec, start_new_session=True,
+                pass_fds=pass_fds, close_fds=True, cwd="/",
+            )  # fmt: skip
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise SandboxError(f"{backend}: could not start the sandbox ({exc})") from exc
+        return _supervise(proc, cg, limits, backend, start, via_bwrap)
+    finally:
+        if cg is not None:
+            cg.remove()
+
+
+def _supervise(
+    proc: subprocess.Popen[bytes],
+    cg: cgroups.RunCgroup | None,
+    limits: Limits,
+    backend: str,
+    start: float,
+    via_bwrap: bool,
+) -> ExecResult:
+    """Collect the output of a started run, then make sure nothing of it survives."""
+    assert proc.stdout is not None and proc.stderr is not None
+
+    def kill() -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if cg is not None:
+            cg.kill_all(timeout_s=0.5)
+
+    pidfd = os.pidfd_open(proc.pid)
+    try:
+        out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+        cap = collect([out_fd, err_fd], pidfd, cap=limits.output_bytes, deadline=start + limits.wall_s,
+                      on_deadline=kill)  # fmt: skip
+        if not cap.done:
+            kill()
+        try:
+            returncode = proc.wait(timeout=max(0.05, start + limits.wall_s + 0.8 - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            kill()
+            returncode = proc.wait(timeout=1.0)
+        kill()  # descendants that escaped the session (double fork + setsid) die here too
+        oom = cg.oom_killed() if cg is not None else False
+    finally:
+        os.close(pidfd)
+        proc.stdout.close()
+        proc.stderr.close()
+    code = exit_status(returncode, via_bwrap=via_bwrap)
+    stderr = cap.text(err_fd)
+    timed_out = cap.timed_out or code in (-signal.SIGXCPU,)
+    memory = oom or (cg is None and stderr.rstrip().endswith("MemoryError"))
+    return ExecResult(
+        ok=code == 0 and not (timed_out or memory or cap.truncated),
+        exit_code=code,
+        stdout=cap.text(out_fd),
+        stderr=stderr,
+        timed_out=timed_out,
+        memory_exceeded=memory,
+        output_truncated=cap.truncated,
+        duration_s=time.monotonic() - start,
+        backend=backend,
+    )

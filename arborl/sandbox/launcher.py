@@ -1,0 +1,179 @@
+"""The first code that runs inside a sandbox: unpack one request, then run the snippet.
+
+This file is shipped as *source text* into the sandbox (``python3 -I -c SOURCE``, or exec'd by the
+zygote), so it imports nothing from arborl and only uses the standard library of Debian's system
+Python. A request (a pickled dict built by the trusted parent; unpickling goes parent -> sandbox,
+never the other way) carries:
+
+- ``code``: the snippet, run as ``__main__`` from ``/tmp/main.py`` (the scratch directory);
+- ``files``: ``{relative path: bytes}`` written into the scratch directory first;
+- ``stdin``: bytes served on fd 0 through a memfd, so the parent never blocks writing a pipe;
+- ``relay_src`` / ``proxy_socket``: when set, the TCP->unix-socket relay of :mod:`arborl.proxy.relay`
+  is started on ``127.0.0.1:3128`` in a daemon thread and ``HTTP(S)_PROXY`` point at it.
+
+What it isolates: nothing. Isolation comes from the backend that started this process
+(namespaces, seccomp, cgroups, rlimits); this module only prepares the process and reports the
+exit status like ``python3 main.py`` would (tracebacks, ``SystemExit`` codes, atexit handlers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import sys
+
+SCRATCH = "/tmp"
+MAIN_PATH = "/tmp/main.py"
+RELAY_PORT = 3128
+PROXY_URL = "http://127.0.0.1:3128"
+
+
+def bpf_loader(bpf: bytes):  # -> Callable[[], None]; untyped import-free for old Pythons
+    """Prepare a seccomp program now; the returned function installs it (prctl only).
+
+    Building the ``sock_fprog`` ahead keeps the call cheap and allocation-free, which matters
+    when it runs in a ``preexec_fn`` or a freshly forked child.
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    buf = ctypes.create_string_buffer(bpf, len(bpf))
+    prog = SockFprog(len(bpf) // 8, ctypes.addressof(buf))
+
+    def load() -> None:
+        if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+        if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+
+    load.keep = (buf, prog)  # type: ignore[attr-defined]  # the program must outlive the call
+    return load
+
+
+def read_fd(fd: int) -> bytes:
+    """Read an fd to EOF and close it."""
+    chunks = []
+    while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks)
+
+
+def write_files(files: dict[str, bytes], root: str = SCRATCH) -> None:
+    """Write the caller's files below ``root`` (names were validated by the parent)."""
+    for name, data in files.items():
+        path = os.path.join(root, name)
+        parent = os.path.dirname(path)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        with open(path, "wb") as fh:
+            fh.write(data)
+
+
+def install_stdin(data: bytes) -> None:
+    """Serve ``data`` on fd 0 from an anonymous in-memory file."""
+    fd = os.memfd_create("stdin")
+    if data:
+        os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.dup2(fd, 0)
+    os.close(fd)
+
+
+def start_relay(relay_src: str, socket_path: str) -> None:
+    """Start the proxy relay in a daemon thread; return once its port is bound.
+
+    Binding happens here, synchronously (``make_server``), so the snippet can connect at once.
+    """
+    import threading
+
+    namespace: dict = {"__name__": "arborl_relay"}
+    exec(compile(relay_src, "arborl_relay.py", "exec"), namespace)
+    server = namespace["make_server"](socket_path, RELAY_PORT)
+    threading.Thread(target=server.serve_forever, name="arborl-relay", daemon=True).start()
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
+        os.environ[var] = PROXY_URL
+    os.environ["NO_PROXY"] = os.environ["no_proxy"] = ""
+
+
+def finish(code: int) -> None:
+    """Leave like the interpreter would: join threads, run atexit handlers, flush, exit."""
+    import atexit
+    import threading
+
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]  # waits for non-daemon threads
+        atexit._run_exitfuncs()
+    except BaseException:  # the snippet's handlers may raise anything
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        # A closed or broken stream must not hide the exit status.
+        with contextlib.suppress(BaseException):
+            stream.flush()
+    os._exit(code)
+
+
+def _exit_code(exc: SystemExit) -> int:
+    """Map ``SystemExit.code`` to a process status the way CPython does."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    with contextlib.suppress(BaseException):  # str() of an arbitrary object may raise
+        print(exc.code, file=sys.stderr)
+    return 1
+
+
+def run_snippet(code: str) -> None:
+    """Run ``code`` as ``__main__`` from ``/tmp/main.py`` and exit the process with its status."""
+    import traceback
+    import types
+
+    with open(MAIN_PATH, "w", encoding="utf-8") as fh:
+        fh.write(code)
+    main = types.ModuleType("__main__")
+    main.__file__ = MAIN_PATH
+    main.__builtins__ = __builtins__  # type: ignore[attr-defined]
+    sys.modules["__main__"] = main
+    sys.argv = [MAIN_PATH]
+    sys.path[0:0] = [SCRATCH]
+    status = 0
+    try:
+        exec(compile(code, MAIN_PATH, "exec"), main.__dict__)
+    except SystemExit as exc:
+        status = _exit_code(exc)
+    except BaseException as exc:  # noqa: BLE001 - report any failure like the interpreter does
+        # Drop this frame so the traceback starts in the snippet, as with ``python3 main.py``.
+        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next if exc.__traceback__ else None)
+        status = 1
+    finish(status)
+
+
+def prepare(request: dict) -> None:
+    """Everything before the snippet: cwd, files, stdin, relay."""
+    os.chdir(SCRATCH)
+    write_files(request.get("files") or {})
+    install_stdin(request.get("stdin") or b"")
+    if request.get("relay_src") and request.get("proxy_socket"):
+        start_relay(request["relay_src"], request["proxy_socket"])
+
+
+def main() -> None:
+    """Entry point inside a one-shot sandbox: ``python3 -I -c SOURCE PAYLOAD_FD``."""
+    request = pickle.loads(read_fd(int(sys.argv[1])))
+    # Nothing the parent holds (cgroup files, the seccomp fd) must stay reachable from the snippet.
+    os.closerange(3, 1 << 16)
+    prepare(request)
+    run_snippet(request["code"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,272 @@
+"""The warm interpreter of the ``zygote`` backend (runs inside bwrap; stdlib only, shipped as source).
+
+Started by :class:`arborl.sandbox.zygote.ZygoteBackend` as root inside a bwrap with its own
+mount/net/ipc/uts/pid namespaces (the empty network namespace is created once per worker and
+reused by every request). It receives a config (the launcher source, a seccomp BPF program,
+limits, cgroup layout), imports the usual modules once, then serves one request at a time:
+
+1. make the request's cgroups (memory + pids) below the worker's bind-mounted cgroup dirs;
+2. ``unshare`` fresh pid/mount/ipc/uts namespaces, fork the *runner* (pid 1 of the new pid
+   namespace, so all its descendants die with it), and ``setns`` back to its own namespaces;
+3. the runner mounts a size-capped tmpfs on ``/tmp`` and ``/dev/shm`` and a fresh ``/proc``,
+   joins the cgroups, hides them, sets rlimits, takes the caller's pipes as stdout/stderr, closes
+   every other fd, drops to uid/gid 65534, installs seccomp, and runs the snippet;
+4. the zygote enforces the wall deadline (SIGKILL of pid 1 ends the namespace), answers the
+   caller with the status and CPU time (JSON), then removes the cgroups.
+
+The zygote never holds secrets: it starts with an empty environment and only ever receives code,
+files and limits. See :mod:`arborl.sandbox.zygote` for the threat model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import pickle  # only ever loads data written by the trusted parent
+import resource
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+import types
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID = 0x20000, 0x4000000, 0x8000000, 0x20000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
+MNT_DETACH = 2
+CG_MOUNT = "/run/arborl/cg"
+SETUP_FAILED = 125  # runner exit status when the sandbox setup (not the snippet) failed
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    """Read exactly ``n`` bytes (``EOFError`` if the peer closed)."""
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise EOFError("caller closed the zygote socket")
+        buf += chunk
+    return bytes(buf)
+
+
+def send_msg(sock: socket.socket, obj: dict) -> None:
+    """Send one length-prefixed JSON message."""
+    data = json.dumps(obj).encode()
+    sock.sendall(struct.pack("!Q", len(data)) + data)
+
+
+class Server:
+    """Serves requests on one socket; state is only the config sent by the parent."""
+
+    def __init__(self, sock: socket.socket, config: dict) -> None:
+        self.sock = sock
+        self.cfg = config
+        self.launcher = types.ModuleType("arborl_launcher")
+        exec(compile(config["launcher_src"], "arborl_launcher.py", "exec"), self.launcher.__dict__)
+        self.load_seccomp = self.launcher.bpf_loader(config["bpf"])
+        self.cg_dirs = [os.path.join(CG_MOUNT, str(i)) for i in range(config["cg_count"])]
+        self.counter = 0
+        # The zygote's own namespaces, to return to after each fork (see fork_into_namespaces).
+        self.home_ns = [
+            (os.open(f"/proc/self/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), flag)
+            for name, flag in (("pid", CLONE_NEWPID), ("mnt", CLONE_NEWNS), ("ipc", CLONE_NEWIPC), ("uts", CLONE_NEWUTS))
+        ]
+        for name in config["preload"]:
+            try:
+                __import__(name)
+            except Exception:  # an optional module that is not installed
+                continue
+
+    # -- cgroups -------------------------------------------------------------------------
+    def make_cgroups(self) -> list[str]:
+        self.counter += 1
+        dirs = [os.path.join(d, f"r{self.counter}") for d in self.cg_dirs]
+        mem, pids = self.cfg["memory_mb"] << 20, self.cfg["pids"]
+        v2 = self.cfg["cg_version"] == 2
+        for d in dirs:
+            os.mkdir(d)
+            files = os.listdir(d)
+            writes = [("pids.max", str(pids))]
+            if v2:
+                writes += [("memory.max", str(mem)), ("memory.swap.max", "0")]
+            else:
+                writes += [("memory.limit_in_bytes", str(mem)), ("memory.memsw.limit_in_bytes", str(mem))]
+            for name, value in writes:
+                if name in files:
+                    try:
+                        with open(os.path.join(d, name), "w") as fh:
+                            fh.write(value)
+                    except OSError:
+                        if "memsw" not in name and "swap" not in name:
+                            raise
+        return dirs
+
+    def oom_killed(self, dirs: list[str]) -> bool:
+        """Whether the kernel OOM-killed anything in the request's memory cgroup."""
+        for d in dirs:
+            for name in ("memory.oom_control", "memory.events"):
+                try:
+                    with open(os.path.join(d, name)) as fh:
+                        if any(ln.startswith("oom_kill ") and int(ln.split()[1]) > 0 for ln in fh):
+                            return True
+                except OSError:
+                    continue
+        return False
+
+    def remove_cgroups(self, dirs: list[str]) -> None:
+        """Kill anything left in the request's cgroups and remove them."""
+        for d in dirs:
+            for _ in range(200):
+                with open(os.path.join(d, "cgroup.procs")) as fh:
+                    pids = [int(p) for p in fh.read().split()]
+                for pid in pids:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+                try:
+                    os.rmdir(d)
+                    break
+                except OSError:
+                    time.sleep(0.001)
+
+    # -- one request ---------------------------------------------------------------------
+    def serve_one(self) -> None:
+        """Take one request (an 8-byte tag plus fds: stdout, stderr, request memfd) and answer it.
+
+        The request itself is only ever read by the runner after the fork, so the zygote's
+        memory, which every later runner inherits, never holds another run's code or files.
+        """
+        tag, fds, _, _ = socket.recv_fds(self.sock, 8, 3)
+        if not tag:
+            raise EOFError("caller closed the zygote socket")
+        if tag != b"REQUEST\0" or len(fds) != 3:
+            for fd in fds:
+                os.close(fd)
+            send_msg(self.sock, {"exit_code": None, "error": f"zygote: malformed request {tag!r}"})
+            return
+        start = time.monotonic()
+        dirs = self.make_cgroups() if self.cg_dirs else []
+        try:
+            runner = self.fork_into_namespaces(fds, dirs)
+        finally:
+            for fd in fds:
+                os.close(fd)  # only the runner may hold the caller's pipes, or EOF never comes
+        report = self.wait(runner, start)
+        report["memory_exceeded"] = self.oom_killed(dirs)
+        send_msg(self.sock, report)
+        self.remove_cgroups(dirs)  # after answering: the caller need not wait for the rmdir
+
+    def fork_into_namespaces(self, fds: list[int], dirs: list[str]) -> int:
+        """Fork the runner as pid 1 of fresh pid/mount/ipc/uts namespaces; return its pid.
+
+        ``unshare`` also moves the zygote itself into the new mount/ipc/uts namespaces (and sets
+        its children's pid namespace), so it returns to its own ones with ``setns`` right after
+        the fork. This avoids an intermediate process per request.
+        """
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _check(_libc.unshare(CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
+        try:
+            pid = os.fork()
+            if pid == 0:
+                self.runner(fds, dirs)
+        finally:
+            for fd, flag in self.home_ns:
+                _check(_libc.setns(fd, flag), "setns back to the zygote's namespaces")
+        return pid
+
+    def wait(self, runner: int, start: float) -> dict:
+        """Wait for the runner until the wall deadline (then SIGKILL it); report its status."""
+        report: dict = {"exit_code": None, "timed_out": False, "cpu_s": 0.0, "error": None}
+        pidfd = os.pidfd_open(runner)
+        try:
+            remaining = self.cfg["wall_s"] - (time.monotonic() - start)
+            if not select.select([pidfd], [], [], max(0.0, remaining))[0]:
+                report["timed_out"] = True
+                os.kill(runner, signal.SIGKILL)  # pid 1 of the namespace: everything in it dies
+        finally:
+            os.close(pidfd)
+        _, status, usage = os.wait4(runner, 0)
+        code = os.waitstatus_to_exitcode(status)
+        cpu = usage.ru_utime + usage.ru_stime
+        report.update(exit_code=code, cpu_s=cpu)
+        # pid 1 ignores SIGXCPU, so the CPU limit shows up as the hard limit's SIGKILL.
+        if code in (-signal.SIGXCPU, -signal.SIGKILL) and cpu >= self.cfg["cpu_s"]:
+            report["timed_out"] = True
+        return report
+
+    def runner(self, fds: list[int], dirs: list[str]) -> None:
+        """Pid 1 of the request's namespace: set up the jail, drop privileges, run the snippet."""
+        try:
+            request = pickle.loads(self.launcher.read_fd(fds[2]))
+            os.dup2(fds[0], 1)
+            os.dup2(fds[1], 2)
+            self.jail(dirs)
+            os.closerange(3, 1 << 16)
+            os.setgroups([])
+            os.setresgid(65534, 65534, 65534)
+            os.setresuid(65534, 65534, 65534)
+            self.load_seccomp()
+            self.launcher.prepare(request)
+        except BaseException as exc:  # noqa: BLE001 - report any setup failure on stderr
+            os.write(2, f"arborl-zygote: sandbox setup failed: {exc!r}\n".encode())
+            os._exit(SETUP_FAILED)
+        self.launcher.run_snippet(request["code"])
+
+    def jail(self, dirs: list[str]) -> None:
+        """Mounts, cgroups and rlimits of one request (as root, inside the new namespaces)."""
+        os.setsid()
+        _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
+        opts = f"size={self.cfg['disk_mb'] << 20},mode=1777".encode()
+        for path in (b"/tmp", b"/dev/shm"):
+            _check(_libc.mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, opts), f"mount {path!r}")
+        _check(_libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
+        for d in dirs:
+            with open(os.path.join(d, "cgroup.procs"), "w") as fh:
+                fh.write("0")
+        for d in self.cg_dirs:
+            _check(_libc.umount2(d.encode(), MNT_DETACH), f"umount {d}")
+        cpu = int(self.cfg["cpu_s"] + 0.999)
+        fsize = self.cfg["disk_mb"] << 20
+        limits = [
+            # soft == hard: pid 1 ignores SIGXCPU, so the limit must end it by SIGKILL at once.
+            (resource.RLIMIT_CPU, (cpu, cpu)),
+            (resource.RLIMIT_FSIZE, (fsize, fsize)),
+            (resource.RLIMIT_CORE, (0, 0)),
+            (resource.RLIMIT_NOFILE, (1024, 1024)),
+        ]
+        if not dirs:  # no cgroups on this machine: fall back to address-space and process rlimits
+            mem = (self.cfg["memory_mb"] + 64) << 20
+            limits += [(resource.RLIMIT_AS, (mem, mem)), (resource.RLIMIT_NPROC, (self.cfg["pids"],) * 2)]
+        for which, value in limits:
+            resource.setrlimit(which, value)
+
+    def serve_forever(self) -> None:
+        send_msg(self.sock, {"ready": True, "pid": os.getpid()})
+        while True:
+            try:
+                self.serve_one()
+            except EOFError:
+                return
+
+
+def main() -> None:
+    """Entry point: ``python3 -I -c SOURCE SOCKET_FD``."""
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    (size,) = struct.unpack("!Q", recv_exact(sock, 8))
+    config = pickle.loads(recv_exact(sock, size))
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    Server(sock, config).serve_forever()
+
+
+if __name__ == "__main__":
+    main()
