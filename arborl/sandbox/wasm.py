@@ -1,0 +1,280 @@
+"""WASI sandbox backend: CPython compiled to WebAssembly, run by wasmtime.
+
+What it isolates. The snippet runs inside a wasm instance: it has no syscalls, only the WASI
+calls wasmtime implements for it. No sockets (none are granted), no processes (WASI has no fork
+or exec), no host environment (the WASI env is empty), no host files except one preopened scratch
+directory. Memory is capped by wasmtime's store limits (linear memory), CPU time by epoch
+interruption (a trap at the deadline), wall time by killing the run's process.
+
+How a run executes. Each backend keeps a small pool of worker processes that hold the compiled
+module; a run takes an idle worker, which creates a new ``Store`` and instance for it (nothing of
+one run's wasm state reaches the next). A run that blocks in a host call (``time.sleep`` is a
+blocking WASI ``poll_oneoff`` that no trap can interrupt) is stopped by SIGKILL of its worker at
+the wall deadline, and the worker is replaced in the background; the caller's process never
+runs wasm itself. The run's stdout/stderr are pipes the caller reads with a byte cap, draining
+the rest.
+
+Disk. WASI has no quota of its own, so the scratch directory is a fresh tmpfs of
+``limits.disk_mb`` mounted for each run and unmounted afterwards: a real cap. Mounting needs root
+(CAP_SYS_ADMIN); without it the scratch is preopened read-only (the snippet reads the files it is
+given and can write nothing), which also keeps the cap. ``writable`` in the result of
+:meth:`WasmBackend.probe_scratch` says which mode a machine gets.
+
+What it does NOT isolate: the wasmtime runtime itself is the boundary (a wasmtime bug escapes);
+the workers run with the caller's uid; CPU time is not capped beyond the epoch deadline;
+timing side channels are open. The interpreter is the WebAssembly Language Runtimes build of
+CPython 3.12.0 (stdlib embedded): no ``ssl``, ``ctypes``, threads or C extensions such as numpy.
+
+The compiled module is cached (``Module.serialize``) in the arborl cache directory, keyed by the
+wasm's sha256 and the wasmtime version, so only the first construction on a machine pays the
+7-11 s compile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import ClassVar
+
+from arborl.sandbox import _wasm_runtime as rt
+from arborl.sandbox.base import ExecResult, Limits, SandboxError
+from arborl.sandbox.common import validate_files
+
+_GRACE_S = 0.5  # after the wall deadline before SIGKILL; the epoch trap normally fires first
+
+
+class WasmBackend:
+    """Runs snippets with CPython-on-WASI (see the module docstring for the threat model).
+
+    Args:
+        limits: Per-run limits; ``pids`` does not apply (WASI cannot create processes).
+        proxy_socket: Must be ``None``: WASI has no network at all.
+        wasm_path: ``python.wasm`` to run; default :func:`~arborl.sandbox._wasm_runtime.locate_python_wasm`.
+        writable: Force the scratch mode; default: writable tmpfs if this process can mount one.
+    """
+
+    name: ClassVar[str] = "wasm"
+
+    def __init__(self, limits: Limits, *, proxy_socket: str | None = None, wasm_path: str | None = None,
+                 writable: bool | None = None, pool_size: int = 2) -> None:
+        if proxy_socket is not None:
+            raise SandboxError("the wasm backend has no network at all, so it cannot use proxy_socket; "
+                               "use the bwrap or docker backend for runs that need the proxy")
+        if pool_size < 1:
+            raise ValueError(f"pool_size must be >= 1, got {pool_size}")
+        reason = self.probe()
+        if reason is not None and wasm_path is None:
+            raise SandboxError(reason)
+        self.limits = limits
+        self.writable = rt.can_mount_tmpfs() if writable is None else writable
+        if self.writable and not rt.can_mount_tmpfs():
+            raise SandboxError("writable=True needs root (CAP_SYS_ADMIN) to mount the size-capped scratch tmpfs")
+        self._wasm = wasm_path or rt.locate_python_wasm()
+        self._cwasm = rt.compiled_module(self._wasm)  # compiles once per machine, then cached
+        self._dir = tempfile.mkdtemp(prefix="arborl-wasm-")
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._workers: set[_Worker] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        for _ in range(pool_size):
+            self._idle.put(self._spawn())
+
+    @classmethod
+    def probe(cls) -> str | None:
+        """``None`` if wasmtime imports and ``python.wasm`` is present, else the reason and the fix."""
+        try:
+            import wasmtime  # noqa: F401
+        except ImportError:
+            return "the wasmtime package is missing; pip install 'arborl[sandbox]' (or scripts/setup/wasm.sh)"
+        try:
+            rt.locate_python_wasm()
+        except SandboxError as exc:
+            return str(exc)
+        return None
+
+    @staticmethod
+    def probe_scratch() -> dict[str, bool]:
+        """Which scratch mode this machine gets: ``{"writable": True}`` when tmpfs can be mounted."""
+        return {"writable": rt.can_mount_tmpfs()}
+
+    def _spawn(self) -> _Worker:
+        w = _Worker(self._cwasm, self.limits.memory_mb)
+        with self._lock:
+            self._workers.add(w)
+        return w
+
+    def _retire(self, w: _Worker) -> None:
+        """Kill a worker whose state is unknown; start its replacement in the background."""
+        w.kill()
+        with self._lock:
+            self._workers.discard(w)
+
+        def refill() -> None:
+            with contextlib.suppress(SandboxError):
+                new = self._spawn()
+                if self._closed:
+                    new.kill()
+                else:
+                    self._idle.put(new)
+        if not self._closed:
+            threading.Thread(target=refill, daemon=True).start()
+
+    def run_python(self, code: str, *, stdin: str = "", files: dict[str, bytes] | None = None) -> ExecResult:
+        """Run ``code`` in a fresh wasm instance on a fresh scratch dir; see :class:`ExecResult`."""
+        if self._closed:
+            raise SandboxError("WasmBackend is closed; create a new one")
+        t0 = time.monotonic()
+        clean = validate_files(files)
+        run_dir = tempfile.mkdtemp(prefix="run-", dir=self._dir)
+        scratch, ctl = os.path.join(run_dir, "scratch"), os.path.join(run_dir, "ctl")
+        os.mkdir(scratch, 0o700)
+        os.mkdir(ctl, 0o700)
+        mounted = False
+        try:
+            if self.writable:
+                rt.mount_tmpfs(scratch, self.limits.disk_mb)
+                mounted = True
+            try:
+                rt.write_files(scratch, clean)
+            except OSError as exc:
+                raise SandboxError(f"the files passed in do not fit in disk_mb={self.limits.disk_mb}: {exc}") from exc
+            with open(os.path.join(ctl, "stdin"), "wb") as f:
+                f.write(stdin.encode("utf-8", "surrogatepass"))
+            os.mkdir(os.path.join(ctl, "code"), 0o700)
+            with open(os.path.join(ctl, "code", "main.py"), "w", encoding="utf-8", errors="surrogatepass") as f:
+                f.write(code)
+            res = self._run(scratch, ctl)
+        finally:
+            if mounted:
+                rt.umount(scratch)
+            shutil.rmtree(run_dir, ignore_errors=True)
+        res.duration_s = time.monotonic() - t0
+        return res
+
+    def _run(self, scratch: str, ctl: str) -> ExecResult:
+        try:
+            w = self._idle.get(timeout=1.0)
+        except queue.Empty:
+            w = self._spawn()  # all workers busy (concurrent callers) or being replaced
+        cap = self.limits.output_bytes
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        bufs, total = [bytearray(), bytearray()], [0, 0]
+        readers = [threading.Thread(target=rt.read_capped, args=(fd, bufs[i], cap, total, i), daemon=True)
+                   for i, fd in enumerate((out_r, err_r))]
+        for t in readers:
+            t.start()
+        req = {"scratch": scratch, "stdin": os.path.join(ctl, "stdin"), "code_dir": os.path.join(ctl, "code"),
+               "writable": self.writable, "wall_s": self.limits.wall_s, "cpu_s": self.limits.cpu_s}
+        killed, status = False, None
+        try:
+            rt.send_request(w.sock, req, [out_w, err_w])
+            w.sock.settimeout(self.limits.wall_s + _GRACE_S)
+            status = json.loads(rt.recv_line(w.sock))
+        except (TimeoutError, OSError, EOFError, ValueError) as exc:
+            killed = isinstance(exc, TimeoutError)
+            if not killed:
+                status = {"error": f"wasm worker died: {exc!r}"}
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        if killed or status is None or "error" in status:
+            self._retire(w)  # its pipes close with it, so the readers below finish
+        else:
+            self._idle.put(w)
+        for t in readers:
+            t.join(timeout=2.0)
+        return self._result(status, bufs, total, killed)
+
+    def _result(self, status: dict[str, object] | None, bufs: list[bytearray], total: list[int],
+                killed: bool) -> ExecResult:
+        stdout, stderr = (b.decode("utf-8", "replace") for b in bufs)
+        truncated = any(n > self.limits.output_bytes for n in total)
+        if killed or status is None:
+            return ExecResult(ok=False, exit_code=-9, stdout=stdout, stderr=stderr, timed_out=killed,
+                              output_truncated=truncated, backend=self.name,
+                              error=None if killed else "wasm run died without a status")
+        if "error" in status:
+            return ExecResult(ok=False, exit_code=None, stdout=stdout, stderr=stderr, backend=self.name,
+                              output_truncated=truncated, error=str(status["error"]))
+        code = int(status["exit"])  # type: ignore[call-overload]
+        trap = str(status.get("trap") or "")
+        timed_out = "interrupt" in trap
+        memory = bool(status.get("memory_full")) and (code != 0 or bool(trap)) or (
+            code == 1 and "MemoryError" in stderr[-2000:])
+        if trap and not timed_out:
+            stderr += f"\n[wasm trap] {trap}\n"
+        return ExecResult(ok=code == 0 and not trap and not memory, exit_code=code, stdout=stdout,
+                          stderr=stderr, timed_out=timed_out, memory_exceeded=memory,
+                          output_truncated=truncated, backend=self.name)
+
+    def close(self) -> None:
+        """Kill every worker and remove the private directory; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            workers = list(self._workers)
+            self._workers.clear()
+        for w in workers:
+            w.kill()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> WasmBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+class _Worker:
+    """One worker process (:func:`~arborl.sandbox._wasm_runtime.worker`) and its socket."""
+
+    def __init__(self, cwasm: str, memory_mb: int) -> None:
+        self.sock, theirs = socket.socketpair()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from arborl.sandbox._wasm_runtime import worker; worker(sys.argv[1:])",
+             str(theirs.fileno()), cwasm, str(memory_mb)],
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, env={"PYTHONPATH": os.pathsep.join(sys.path), "PATH": "/usr/bin:/bin"})
+        theirs.close()
+        self.sock.settimeout(60.0)
+        try:
+            ready = rt.recv_line(self.sock)
+        except (EOFError, OSError) as exc:
+            self.kill()
+            err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+            raise SandboxError(f"wasm worker failed to start ({exc!r}): {err[-800:]}") from exc
+        if b"ready" not in ready:
+            self.kill()
+            raise SandboxError(f"wasm worker sent {ready[:200]!r} instead of ready")
+        if self.proc.stderr:
+            self.proc.stderr.close()  # from here on errors come back on the socket
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        self.proc.wait()
+        self.sock.close()
+
+
+if __name__ == "__main__":  # `python -m arborl.sandbox.wasm fetch`: download python.wasm, compile
+    if sys.argv[1:] == ["fetch"]:
+        path = rt.fetch_python_wasm()
+        print(path)
+        print(rt.compiled_module(path))
+    else:
+        sys.exit("usage: python -m arborl.sandbox.wasm fetch")
