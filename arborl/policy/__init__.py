@@ -1,1 +1,23 @@
-"""arborl.policy."""
+"""arborl.policy: tokenizer, model factory, chat rendering and per-token log-probs of the policy."""
+
+from arborl.policy.chat import ChatRenderer, Observation, TemplateError, observation_text
+from arborl.policy.logprobs import token_logprobs, token_logprobs_and_entropy
+from arborl.policy.model import ATTN_IMPLEMENTATION, ModelConfig, build_model, load_policy, save_policy
+from arborl.policy.tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, train_tokenizer
+
+__all__ = [
+    "ATTN_IMPLEMENTATION",
+    "CHAT_TEMPLATE",
+    "SPECIAL_TOKENS",
+    "ChatRenderer",
+    "ModelConfig",
+    "Observation",
+    "TemplateError",
+    "build_model",
+    "load_policy",
+    "observation_text",
+    "save_policy",
+    "token_logprobs",
+    "token_logprobs_and_entropy",
+    "train_tokenizer",
+]

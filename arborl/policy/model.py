@@ -1,0 +1,200 @@
+"""Build, save and load causal-LM policies as standard Hugging Face checkpoints.
+
+:func:`build_model` makes a tiny randomly initialised Qwen2 or Llama model sized to a tokenizer;
+:func:`save_policy` writes a checkpoint directory (``config.json``, ``model.safetensors``,
+tokenizer files with the chat template) that plain ``AutoModelForCausalLM.from_pretrained`` and
+``AutoTokenizer.from_pretrained`` read; :func:`load_policy` reads any local HF causal-LM
+checkpoint directory that ships a chat template (e.g. a downloaded Qwen2.5-0.5B-Instruct), so
+nothing downstream assumes the tiny model.
+
+Attention runs with the ``eager`` implementation: on CPU it is as fast as ``sdpa`` for these
+sizes, and it gives the same numbers whether keys come from a kept KV cache or a fresh forward
+pass (the rollout relies on that; see ``tests/rollout``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
+
+ATTN_IMPLEMENTATION = "eager"
+"""Attention kernel used for every policy this module builds or loads."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a policy built from scratch (defaults: ~2M parameters with a small vocabulary)."""
+
+    arch: Literal["qwen2", "llama"] = "llama"
+    """Architecture family: ``llama`` or ``qwen2`` (adds q/k/v biases). The default is ``llama``
+    because ``AutoTokenizer`` forces the Qwen2 BPE tokenizer class on ``qwen2`` checkpoints, which
+    would mangle the word-level tokenizer of a from-scratch policy (``load_policy`` corrects it)."""
+    hidden_size: int = 256
+    """Width of the residual stream; must be divisible by ``num_heads``."""
+    num_layers: int = 2
+    """Number of transformer blocks."""
+    num_heads: int = 4
+    """Attention heads per layer."""
+    num_kv_heads: int = 4
+    """Key/value heads (grouped-query attention); must divide ``num_heads``."""
+    intermediate_size: int = 688
+    """Hidden width of the MLP."""
+    max_position_embeddings: int = 2048
+    """Longest token sequence (whole multi-turn episode) the model can attend over."""
+    tie_word_embeddings: bool = True
+    """Share the input embedding and output projection matrices."""
+    rope_theta: float = 10000.0
+    """Base of the rotary position embedding frequencies."""
+
+    def __post_init__(self) -> None:
+        if self.arch not in ("qwen2", "llama"):
+            raise ValueError(f"ModelConfig.arch is {self.arch!r}; use 'qwen2' or 'llama'")
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
+                     "max_position_embeddings"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"ModelConfig.{name} is {value!r}; use a positive integer")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"ModelConfig.hidden_size ({self.hidden_size}) is not divisible by num_heads "
+                f"({self.num_heads}); pick num_heads that divides hidden_size"
+            )
+        if (self.hidden_size // self.num_heads) % 2:
+            raise ValueError(
+                f"ModelConfig: head size hidden_size/num_heads = {self.hidden_size // self.num_heads} is odd; "
+                "rotary embeddings need an even head size"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"ModelConfig.num_kv_heads ({self.num_kv_heads}) does not divide num_heads ({self.num_heads}); "
+                "use a divisor of num_heads"
+            )
+        if not self.rope_theta > 0:
+            raise ValueError(f"ModelConfig.rope_theta is {self.rope_theta!r}; use a positive number")
+
+
+def build_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, *, seed: int) -> PreTrainedModel:
+    """A randomly initialised causal LM whose vocabulary matches ``tokenizer``.
+
+    Args:
+        cfg: Model shape.
+        tokenizer: Tokenizer the model reads; it must define ``eos_token_id`` and ``pad_token_id``.
+        seed: Seed of the weight initialisation (same seed, same weights).
+
+    Returns:
+        The model in float32, eval mode, with ``eager`` attention.
+    """
+    if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
+        raise ValueError("the tokenizer has no eos_token or pad_token; set both before building a model")
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_theta)},
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    hf_cfg = Qwen2Config(**common) if cfg.arch == "qwen2" else LlamaConfig(**common)
+    hf_cfg._attn_implementation = ATTN_IMPLEMENTATION
+    # Seed a private generator state: building a model must not disturb the caller's RNG stream.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation=ATTN_IMPLEMENTATION)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model.float().eval()
+
+
+def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:
+    """Write ``model`` and ``tokenizer`` as a standard HF checkpoint directory.
+
+    Args:
+        model: Any HF causal LM.
+        tokenizer: Its tokenizer; must carry a chat template.
+        path: Directory to write (created if missing; existing files are overwritten).
+
+    Returns:
+        The directory path.
+    """
+    if not tokenizer.chat_template:
+        raise ValueError("the tokenizer has no chat_template; set one so the checkpoint can render chats")
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def load_policy(path: str | Path, *, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a local HF causal-LM checkpoint directory and its tokenizer.
+
+    Args:
+        path: Directory with ``config.json``, weights and tokenizer files with a chat template.
+        dtype: Dtype of the loaded weights.
+
+    Returns:
+        ``(model, tokenizer)``; the model is in eval mode with ``eager`` attention.
+
+    Raises:
+        FileNotFoundError: the directory or its ``config.json`` is missing.
+        ValueError: the tokenizer has no chat template or no end-of-sequence token.
+    """
+    d = Path(path)
+    if not d.is_dir():
+        raise FileNotFoundError(
+            f"policy checkpoint {str(d)!r} is not a directory; pass a directory written by save_policy "
+            "or a downloaded Hugging Face model directory"
+        )
+    if not (d / "config.json").is_file():
+        raise FileNotFoundError(
+            f"policy checkpoint {str(d)!r} has no config.json; it is not a Hugging Face model directory "
+            "(point to the folder that holds config.json and the weights)"
+        )
+    tokenizer = _load_tokenizer(d)
+    if not tokenizer.chat_template:
+        raise ValueError(
+            f"the tokenizer in {str(d)!r} has no chat template; use an instruct/chat checkpoint or set "
+            "tokenizer.chat_template and save it with save_policy"
+        )
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"the tokenizer in {str(d)!r} has no eos_token; set one and save it again")
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
+    return model.eval(), tokenizer
+
+
+
+def _load_tokenizer(d: Path) -> PreTrainedTokenizerBase:
+    """``AutoTokenizer``, unless it rebuilt a tokenizer that disagrees with ``tokenizer.json``.
+
+    transformers maps some model types (e.g. ``qwen2``) to a tokenizer class that rebuilds a BPE
+    model from the vocabulary and ignores the model stored in ``tokenizer.json``; a word-level
+    tokenizer saved beside a Qwen2-architecture model would then lose its words. The file wins.
+    """
+    tokenizer = AutoTokenizer.from_pretrained(d)
+    file = d / "tokenizer.json"
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if file.is_file() and backend is not None:
+        stored = json.loads(file.read_text(encoding="utf-8")).get("model", {}).get("type")
+        loaded = json.loads(backend.to_str()).get("model", {}).get("type")
+        if stored is not None and stored != loaded:
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(d)
+    return tokenizer

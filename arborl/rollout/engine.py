@@ -1,0 +1,340 @@
+"""Batched multi-turn rollout: many environments, one model forward per decoding step.
+
+``run_episodes`` keeps up to ``batch_size`` episodes live, each in a *slot*. Turns advance in
+lockstep: every live episode generates its turn together, then every environment steps. A slot
+freed by a finished episode takes the next pending spec at the following turn, so the batch stays
+full until the specs run out.
+
+Cache layout. A :class:`~arborl.rollout.generate.LMSession` holds one ``DynamicCache`` whose
+layers are ``(B, H_kv, L, D)`` tensors, row ``b`` = one live slot, plus a ``(B, L)`` 0/1 mask
+of which cache columns hold real tokens. Each episode's cache is kept across turns: a turn
+prefills only the tokens that are new since the last one (the previous turn's last sampled token
+and ``ChatRenderer.next_prompt``), never the whole history. Finished slots are removed by
+re-indexing the layer tensors; new episodes join as new rows whose earlier columns are masked.
+
+Padding and positions. New chunks of different lengths are *left*-padded into one prefill
+forward, so each row's last real token is in the last column and its logits start decoding.
+Rows that finish a turn early keep feeding a masked pad until the whole batch is done. Position
+ids are explicit and count real tokens only (``n_real + cumsum(chunk_mask) - 1``), so a row's
+rotary positions are exactly those of its unpadded conversation; pad columns carry a dummy
+position and are masked out of every attention. When more than a quarter of the cache columns
+are padding, the cache is compacted (real columns gathered to the right, in order); since keys
+carry their positions already and attention over cached keys is order-free, this changes
+nothing numerically beyond float rounding.
+
+Log-prob convention. The recorded behaviour log-prob of a sampled token is
+``log_softmax(logits / T)[token]`` under the full distribution, where ``T`` is the sampling
+temperature (1 for greedy); top-p truncation is ignored. The trainer recomputes exactly this with
+:func:`arborl.policy.logprobs.token_logprobs` at ``cfg.sampling.logprob_temperature``.
+
+Turn budget. A turn samples at most ``max_new_tokens`` tokens; a turn cut at the budget gets a
+forced end-of-turn token (mask 0, log-prob 0) so the conversation stays well formed.
+
+Errors. An exception in ``reset``, ``step``, ``format_observation`` or ``state_key`` (or in a
+scripted policy) is recorded (``Turn.error``, or ``Episode.metadata["error"]`` when no turn
+exists) and stops that episode with stop_reason "env_error"; the rest of the batch goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from arborl.env.base import Env
+from arborl.policy.chat import ChatRenderer, observation_text
+from arborl.rollout.config import EpisodeSpec, RolloutConfig
+from arborl.rollout.generate import TurnOutput, TurnRequest
+from arborl.rollout.policy import Policy, PolicySession
+from arborl.trajectory.schema import Episode, MediaRef, Turn, new_id
+
+
+@dataclass
+class _Live:
+    """A running episode: its record, its environment and what to feed next."""
+
+    episode: Episode
+    env: Any
+    slot: int
+    obs_text: str
+    prompt: list[int]
+    state_key: str | None
+    n_tokens: int = 0
+    returns: float = 0.0
+    success: float | None = None
+
+
+def run_episodes(
+    policy: Policy,
+    env_factory: Callable[[], Env] | list[Env],
+    specs: list[EpisodeSpec],
+    cfg: RolloutConfig,
+    *,
+    generator: torch.Generator,
+    policy_version: int = 0,
+    iteration: int = -1,
+    source: str = "rl",
+) -> list[Episode]:
+    """Run one episode per spec, batched, and return them in spec order.
+
+    Args:
+        policy: :class:`~arborl.rollout.policy.ModelPolicy` or
+            :class:`~arborl.rollout.policy.ScriptedPolicy`.
+        env_factory: A zero-argument env constructor (one env is built per slot and reused via
+            ``reset``; an env that raised is replaced), or a list of envs used as the slots (at
+            most ``len(list)`` episodes run at once).
+        specs: Episodes to run.
+        cfg: Budgets, penalty, sampling and batch size.
+        generator: Random source of sampling (same seed and inputs, same episodes).
+        policy_version: Recorded on every turn and episode.
+        iteration: Training iteration recorded on episodes (-1: not training).
+        source: Stage recorded on episodes ("rl", "synth", "eval", ...).
+
+    Returns:
+        One :class:`~arborl.trajectory.schema.Episode` per spec, each a linear chain of turns.
+    """
+    if not specs:
+        return []
+    pool = _EnvPool(env_factory)
+    n_slots = min(cfg.batch_size, len(specs), pool.capacity)
+    limit = cfg.max_context_tokens
+    if policy.max_context_tokens is not None:
+        limit = min(limit, int(policy.max_context_tokens))
+    session = policy.open_session(cfg.sampling, generator)
+    results: list[Episode | None] = [None] * len(specs)
+    queue = deque(enumerate(specs))
+    free = list(range(n_slots - 1, -1, -1))
+    live: dict[int, tuple[int, _Live]] = {}
+    meta = (policy_version, iteration, source)
+
+    def finish(slot: int, stop_reason: str) -> None:
+        index, lv = live.pop(slot)
+        lv.episode.stop_reason = stop_reason
+        lv.episode.rewards = {"success": lv.success, "return": lv.returns}
+        results[index] = lv.episode
+        session.release(slot)
+        if stop_reason == "env_error":
+            pool.discard(slot)
+        free.append(slot)
+
+    try:
+        while queue or live:
+            while queue and free:
+                slot = free.pop()
+                index, spec = queue.popleft()
+                lv = _start(spec, pool, slot, policy.renderer, meta)
+                if isinstance(lv, Episode):  # reset failed
+                    results[index] = lv
+                    pool.discard(slot)
+                    free.append(slot)
+                else:
+                    live[slot] = (index, lv)
+            for slot, (_, lv) in list(live.items()):
+                if lv.n_tokens + len(lv.prompt) + cfg.sampling.max_new_tokens + 1 > limit:
+                    if lv.episode.turns:
+                        lv.episode.turns[-1].truncated = True
+                    finish(slot, "max_context")
+            if live:
+                for slot, stop in _play_turn(session, live, cfg, limit, policy.renderer, policy_version):
+                    finish(slot, stop)
+    finally:
+        pool.close()
+    if any(ep is None for ep in results):
+        raise RuntimeError("run_episodes lost an episode; this is a bug in the rollout engine")
+    return [ep for ep in results if ep is not None]
+
+
+def _play_turn(
+    session: PolicySession,
+    live: dict[int, tuple[int, _Live]],
+    cfg: RolloutConfig,
+    limit: int,
+    renderer: ChatRenderer,
+    policy_version: int,
+) -> list[tuple[int, str]]:
+    """Generate one turn for every live episode, step the envs; returns (slot, stop) of those ending."""
+    slots = sorted(live)
+    requests = []
+    for slot in slots:
+        lv = live[slot][1]
+        budget = min(cfg.sampling.max_new_tokens, limit - lv.n_tokens - len(lv.prompt) - 1)
+        requests.append(TurnRequest(slot=slot, prompt_ids=lv.prompt, max_new_tokens=budget, env=lv.env))
+    t0 = time.perf_counter()
+    outs = session.generate(requests)
+    gen_s = time.perf_counter() - t0
+    ended = []
+    for slot, out in zip(slots, outs, strict=True):
+        stop = _advance(live[slot][1], out, gen_s, cfg, renderer, policy_version)
+        if stop is not None:
+            ended.append((slot, stop))
+    return ended
+
+
+def _start(
+    spec: EpisodeSpec, pool: _EnvPool, slot: int, renderer: ChatRenderer, meta: tuple[int, int, str]
+) -> _Live | Episode:
+    """Reset the slot's env and render the first prompt; an Episode (stop "env_error") if that fails."""
+    policy_version, iteration, source = meta
+    try:
+        env = pool.get(slot)
+    except Exception as exc:  # a failing factory fails this episode only
+        env, factory_error = None, f"env factory failed: {type(exc).__name__}: {exc}"
+    else:
+        factory_error = None
+    ep = Episode(
+        task_id=spec.task_id,
+        task_type=spec.task_type,
+        group_id=spec.group_id,
+        seed=spec.seed,
+        policy_version=policy_version,
+        iteration=iteration,
+        source=source,
+        metadata={"env": type(env).__name__ if env is not None else None},
+    )
+    if spec.options is not None and _is_jsonable(spec.options):
+        ep.metadata["options"] = spec.options
+    try:
+        if factory_error is not None:
+            raise RuntimeError(factory_error)
+        obs, _ = env.reset(seed=spec.seed, options=spec.options)
+        shown = env.format_observation(obs)
+        key = _key_text(env.state_key())
+        prompt = renderer.first_prompt(shown)
+    except Exception as exc:  # recorded on the episode; the batch goes on
+        ep.stop_reason = "env_error"
+        ep.metadata["error"] = factory_error or f"reset failed: {type(exc).__name__}: {exc}"
+        ep.rewards = {"success": None, "return": 0.0}
+        return ep
+    return _Live(episode=ep, env=env, slot=slot, obs_text=observation_text(shown), prompt=prompt, state_key=key)
+
+
+def _advance(
+    lv: _Live, out: TurnOutput, gen_s: float, cfg: RolloutConfig, renderer: ChatRenderer, policy_version: int
+) -> str | None:
+    """Record the generated turn, step the env, prepare the next prompt; returns a stop reason or None."""
+    ep = lv.episode
+    turn = Turn(
+        turn_id=new_id(),
+        parent_id=ep.turns[-1].turn_id if ep.turns else None,
+        index=len(ep.turns),
+        observation=lv.obs_text,
+        prompt_ids=list(lv.prompt),
+        output_ids=out.ids,
+        output_logprobs=out.logprobs,
+        output_mask=out.mask,
+        state_key=lv.state_key,
+        policy_version=policy_version,
+        timings={"generate": gen_s},
+    )
+    ep.add_turn(turn)
+    lv.n_tokens += len(lv.prompt) + len(out.ids)
+    if out.error is not None:
+        turn.error, turn.valid = out.error, False
+        return "env_error"
+    turn.action_text = out.text if out.text is not None else renderer.decode(out.ids)
+    t0 = time.perf_counter()
+    try:
+        stop = _step(lv, turn, cfg, renderer)
+    except Exception as exc:  # recorded on the turn; the batch goes on
+        turn.error = f"{type(exc).__name__}: {exc}"
+        stop = "env_error"
+    turn.timings["env"] = time.perf_counter() - t0
+    return stop
+
+
+def _step(lv: _Live, turn: Turn, cfg: RolloutConfig, renderer: ChatRenderer) -> str | None:
+    res = lv.env.step(turn.action_text)
+    info = dict(res.info or {})
+    reward = float(res.reward)
+    if not math.isfinite(reward):
+        raise ValueError(f"env returned a non-finite reward {res.reward!r}")
+    turn.valid = info.get("action_valid", True) is not False
+    turn.reward = reward + (0.0 if turn.valid else float(cfg.invalid_action_penalty))
+    action = info.get("action")
+    turn.action = None if action is None else str(action)
+    turn.terminated, turn.truncated = bool(res.terminated), bool(res.truncated)
+    turn.media = [m for m in info.get("media", []) or [] if isinstance(m, MediaRef)]
+    turn.info = {k: v for k, v in info.items() if k != "media" and _is_jsonable(v)}
+    if info.get("error") is not None:
+        turn.error = str(info["error"])
+    lv.returns += reward
+    if "success" in info and info["success"] is not None:
+        lv.success = 1.0 if info["success"] else 0.0
+    shown = lv.env.format_observation(res.obs)
+    turn.result = observation_text(shown)
+    if turn.terminated:
+        return "terminated"
+    if turn.truncated:
+        return "truncated"
+    if len(lv.episode.turns) >= cfg.max_turns:
+        turn.truncated = True
+        return "max_turns"
+    lv.state_key = _key_text(lv.env.state_key())
+    lv.prompt = renderer.next_prompt(shown)
+    lv.obs_text = turn.result
+    return None
+
+
+class _EnvPool:
+    """Envs by slot: from a list (borrowed, never closed) or built by a factory (closed at the end)."""
+
+    def __init__(self, source: Callable[[], Env] | list[Env]) -> None:
+        if isinstance(source, list | tuple):
+            if not source:
+                raise ValueError("the env list is empty; pass at least one env or an env factory")
+            self._fixed: list[Any] | None = list(source)
+            self._factory: Callable[[], Env] | None = None
+        elif callable(source):
+            self._fixed, self._factory = None, source
+        else:
+            raise TypeError(f"env_factory must be a callable or a list of envs, got {type(source).__name__}")
+        self._built: dict[int, Any] = {}
+
+    @property
+    def capacity(self) -> int:
+        return len(self._fixed) if self._fixed is not None else 1 << 30
+
+    def get(self, slot: int) -> Any:
+        if self._fixed is not None:
+            return self._fixed[slot]
+        if slot not in self._built:
+            self._built[slot] = self._factory()  # type: ignore[misc]
+        return self._built[slot]
+
+    def discard(self, slot: int) -> None:
+        """Replace a factory-built env that raised (it may be in a broken state)."""
+        env = self._built.pop(slot, None)
+        if env is not None:
+            _close_quietly(env)
+
+    def close(self) -> None:
+        for env in self._built.values():
+            _close_quietly(env)
+        self._built.clear()
+
+
+def _close_quietly(env: Any) -> None:
+    # Closing is best effort: the episode records are already complete.
+    with contextlib.suppress(Exception):
+        env.close()
+
+
+def _key_text(key: Hashable) -> str | None:
+    if key is None:
+        return None
+    return key if isinstance(key, str) else repr(key)
+
+
+def _is_jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True

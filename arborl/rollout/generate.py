@@ -1,0 +1,248 @@
+"""Batched turn generation over a KV cache kept across turns (see :mod:`arborl.rollout.engine`).
+
+:class:`LMSession` owns one batch cache whose rows are episode *slots*. Each call to
+:meth:`LMSession.generate` feeds every live slot its new prompt chunk in one prefill forward,
+then decodes all slots together until each has produced an end-of-turn token or hit its token
+budget. The last sampled token of a turn is not fed at once: it is prepended to the slot's next
+prompt chunk, which saves one forward pass per turn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from arborl.rollout.config import SamplingConfig
+from arborl.rollout.kvcache import BatchKVCache
+from arborl.rollout.sampling import sample_next
+
+COMPACT_WASTE = 0.25
+"""Compact the cache before a turn when more than this fraction of its slots is padding."""
+
+
+@dataclass
+class TurnRequest:
+    """One slot's input for a turn: its new prompt tokens and its remaining token budget."""
+
+    slot: int
+    prompt_ids: list[int]
+    max_new_tokens: int
+    env: Any = None
+
+
+@dataclass
+class TurnOutput:
+    """Generated tokens of one slot for one turn (end-of-turn token included)."""
+
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    text: str | None = None
+    error: str | None = None
+
+
+class LMSession:
+    """Generation state of many episodes sharing one batched KV cache.
+
+    Args:
+        model: A causal LM (eval mode).
+        end_token_ids: Ids that end a turn; the first is appended when a turn is cut off.
+        pad_token_id: Id fed in padding positions (always masked out).
+        sampling: Sampling settings.
+        generator: Random source for sampling.
+        reuse_cache: Keep each slot's cache across turns (``False``: drop the cache and prefill
+            the whole history every turn; slower, for tests and benchmarks).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        *,
+        end_token_ids: list[int],
+        pad_token_id: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator,
+        reuse_cache: bool = True,
+    ) -> None:
+        self.model = model
+        self.end_token_ids = list(end_token_ids)
+        self.pad_token_id = int(pad_token_id)
+        self.sampling = sampling
+        self.generator = generator
+        self.reuse_cache = reuse_cache
+        self.device = next(model.parameters()).device
+        layer_types = getattr(model.config, "layer_types", None) or []
+        if any(t != "full_attention" for t in layer_types):
+            raise ValueError(
+                f"model layer types {sorted(set(layer_types))} include non-full attention; the rollout engine "
+                "re-indexes cache columns and supports full-attention models only"
+            )
+        self._end = torch.tensor(self.end_token_ids, device=self.device)
+        self._reset()
+        self._pending: dict[int, list[int]] = {}  # slot -> sampled tokens not yet fed
+        self._history: dict[int, list[int]] = {}  # slot -> all tokens (only without cache reuse)
+        self._released: set[int] = set()
+
+    # --- public -----------------------------------------------------------------------------
+    def release(self, slot: int) -> None:
+        """Forget a finished slot; its cache row is dropped before the next turn."""
+        self._released.add(slot)
+        self._pending.pop(slot, None)
+        self._history.pop(slot, None)
+
+    @torch.inference_mode()
+    def generate(self, requests: list[TurnRequest]) -> list[TurnOutput]:
+        """Generate one turn for every live slot; returns outputs in request order."""
+        if not requests:
+            return []
+        by_slot = {r.slot: r for r in requests}
+        if len(by_slot) != len(requests):
+            raise ValueError("two turn requests name the same slot; give each live episode its own slot")
+        self._drop_released()
+        if not self.reuse_cache:
+            self._reset()
+        missing = [s for s in self._rows if s not in by_slot]
+        if missing:
+            raise ValueError(f"slots {missing} are live but got no turn request; release() finished slots first")
+        new = [s for s in by_slot if s not in self._rows]
+        self._add_rows(new)
+        chunks = []
+        for s in self._rows:
+            if self.reuse_cache:
+                chunk = self._pending.pop(s, []) + list(by_slot[s].prompt_ids)
+            else:
+                chunk = self._history.setdefault(s, []) + self._pending.pop(s, []) + list(by_slot[s].prompt_ids)
+                self._history[s] = list(chunk)
+            if not chunk:
+                raise ValueError(f"slot {s}: empty prompt chunk; every turn needs at least one new token")
+            chunks.append(chunk)
+        limits = [by_slot[s].max_new_tokens for s in self._rows]
+        if min(limits) < 1:
+            raise ValueError("max_new_tokens must be >= 1 for every request")
+        if self._mask.shape[1] and self._waste() > COMPACT_WASTE:
+            self._compact()
+        logits = self._prefill(chunks)
+        outs = self._decode(logits, limits)
+        return [outs[self._rows.index(r.slot)] for r in requests]
+
+    # --- cache rows -------------------------------------------------------------------------
+    def _reset(self) -> None:
+        self._cache = BatchKVCache()
+        self._rows: list[int] = []
+        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # (B, L), 1 = real
+        self._n_real = torch.zeros(0, dtype=torch.long, device=self.device)  # (B,) next position
+
+    def _drop_released(self) -> None:
+        if not self._released:
+            return
+        keep = [i for i, s in enumerate(self._rows) if s not in self._released]
+        self._released.clear()
+        if len(keep) == len(self._rows):
+            return
+        if not keep:
+            self._reset()
+            return
+        idx = torch.tensor(keep, device=self.device)
+        self._cache.select_rows(idx)
+        self._rows = [self._rows[i] for i in keep]
+        self._mask = self._mask.index_select(0, idx)
+        self._n_real = self._n_real.index_select(0, idx)
+
+    def _add_rows(self, slots: list[int]) -> None:
+        if not slots:
+            return
+        k = len(slots)
+        self._cache.add_rows(k)
+        self._rows += slots
+        self._mask = torch.cat([self._mask, self._mask.new_zeros(k, self._mask.shape[1])])
+        self._n_real = torch.cat([self._n_real, self._n_real.new_zeros(k)])
+
+    def _waste(self) -> float:
+        return 1.0 - float(self._mask.float().mean())
+
+    def _compact(self) -> None:
+        """Move each row's real slots to the right end (left padding) and trim all-pad columns.
+
+        Keys already carry their rotary positions, and attention over cached slots ignores their
+        order, so moving slots (keeping real ones in order) does not change any result.
+        """
+        length = self._mask.shape[1]
+        keep_len = int(self._mask.sum(1).max())
+        # A stable sort of the 0/1 mask puts pads first, then real slots in their original order.
+        idx = torch.argsort(self._mask, dim=1, stable=True)[:, length - keep_len:]  # (B, L')
+        self._cache.gather_columns(idx)
+        self._mask = self._mask.gather(1, idx)
+
+    # --- forward passes ---------------------------------------------------------------------
+    def _forward(self, ids: torch.Tensor, new_mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Feed ``(B, C)`` tokens after the cache; returns the ``(B, V)`` logits of the last column."""
+        self._mask = torch.cat([self._mask, new_mask], dim=1)  # (B, L + C)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=self._mask,
+            position_ids=positions,
+            cache=self._cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1]
+
+    def _prefill(self, chunks: list[list[int]]) -> torch.Tensor:
+        width = max(len(c) for c in chunks)
+        # Left-pad so every row's last real token sits in the last column.
+        ids = torch.full((len(chunks), width), self.pad_token_id, dtype=torch.long)
+        new_mask = torch.zeros((len(chunks), width), dtype=torch.long)
+        for b, c in enumerate(chunks):
+            ids[b, width - len(c):] = torch.tensor(c, dtype=torch.long)
+            new_mask[b, width - len(c):] = 1
+        ids, new_mask = ids.to(self.device), new_mask.to(self.device)
+        # Positions count real tokens only; pad columns get a dummy (masked) position.
+        positions = self._n_real[:, None] + (new_mask.cumsum(1) - 1).clamp_min(0)  # (B, C)
+        logits = self._forward(ids, new_mask, positions)
+        self._n_real = self._n_real + new_mask.sum(1)
+        return logits
+
+    def _decode(self, logits: torch.Tensor, limits: list[int]) -> list[TurnOutput]:
+        b = logits.shape[0]
+        limit = torch.tensor(limits, device=self.device)
+        done = torch.zeros(b, dtype=torch.bool, device=self.device)
+        n_out = torch.zeros(b, dtype=torch.long, device=self.device)  # tokens generated per row
+        steps_tok, steps_lp = [], []
+        for step in range(max(limits)):
+            tok, lp = sample_next(logits, self.sampling, self.generator)  # (B,), (B,)
+            steps_tok.append(tok)
+            steps_lp.append(lp)
+            n_out += (~done).long()
+            done = done | torch.isin(tok, self._end) | (step + 1 >= limit)
+            if bool(done.all()):
+                break
+            # Rows still generating feed their token; finished rows feed a masked pad.
+            live = (~done).long()
+            feed = torch.where(done, torch.full_like(tok, self.pad_token_id), tok)
+            logits = self._forward(feed[:, None], live[:, None], self._n_real[:, None])
+            self._n_real = self._n_real + live
+        return self._collect(torch.stack(steps_tok, 1), torch.stack(steps_lp, 1), n_out)
+
+    def _collect(self, toks: torch.Tensor, lps: torch.Tensor, n_out: torch.Tensor) -> list[TurnOutput]:
+        """Per-row outputs; remember each row's unfed tail (last token, forced end) as pending."""
+        end = set(self.end_token_ids)
+        outs = []
+        for row, (t, lp, n) in enumerate(zip(toks.tolist(), lps.tolist(), n_out.tolist(), strict=True)):
+            out = TurnOutput(ids=t[:n], logprobs=lp[:n], mask=[1] * n)
+            pending = [out.ids[-1]]
+            if out.ids[-1] not in end:
+                # Cut at the budget: close the turn with a forced, untrained end-of-turn token.
+                forced = self.end_token_ids[0]
+                out.ids.append(forced)
+                out.logprobs.append(0.0)
+                out.mask.append(0)
+                pending.append(forced)
+            slot = self._rows[row]
+            self._pending[slot] = pending
+            if not self.reuse_cache:
+                self._history[slot] += out.ids[: len(out.ids) - len(pending)]
+            outs.append(out)
+        return outs

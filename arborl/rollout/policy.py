@@ -1,0 +1,126 @@
+"""Policies the rollout can run: a language model, or a scripted function of the environment.
+
+Both render through the same :class:`~arborl.policy.chat.ChatRenderer`, so a scripted
+demonstration (e.g. from an env's ``expert_action``) has exactly the token layout the model would
+have produced: prompt ids from the chat template, output ids from ``encode_response`` (content +
+end-of-turn token), behaviour log-probs 0.0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from arborl.policy.chat import ChatRenderer
+from arborl.rollout.config import SamplingConfig
+from arborl.rollout.generate import LMSession, TurnOutput, TurnRequest
+
+
+class PolicySession(Protocol):
+    """Per-``run_episodes`` state of a policy (e.g. the batched KV cache)."""
+
+    def generate(self, requests: list[TurnRequest]) -> list[TurnOutput]:
+        """One turn for every live slot, outputs in request order."""
+        ...
+
+    def release(self, slot: int) -> None:
+        """The episode in ``slot`` finished; free its state."""
+        ...
+
+
+class Policy(Protocol):
+    """Anything that can act in many episodes at once through a chat renderer."""
+
+    renderer: ChatRenderer
+    max_context_tokens: int | None
+    """Longest sequence the policy can attend over (``None``: unbounded)."""
+
+    def open_session(self, sampling: SamplingConfig, generator: torch.Generator) -> PolicySession:
+        """Fresh generation state for one batch of episodes."""
+        ...
+
+
+class ModelPolicy:
+    """Sample actions from a causal LM, keeping each episode's KV cache across turns.
+
+    Args:
+        model: A causal LM; it is put in eval mode.
+        renderer: A ChatRenderer, or a tokenizer (then one is built with ``system_prompt``).
+        system_prompt: System message when ``renderer`` is a tokenizer.
+        reuse_cache: ``False`` re-prefills the whole history every turn (tests, benchmarks).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        renderer: ChatRenderer | PreTrainedTokenizerBase,
+        *,
+        system_prompt: str | None = None,
+        reuse_cache: bool = True,
+    ) -> None:
+        if not isinstance(renderer, ChatRenderer):
+            renderer = ChatRenderer(renderer, system_prompt)
+        elif system_prompt is not None:
+            raise ValueError("pass system_prompt to the ChatRenderer, not to ModelPolicy, when giving a renderer")
+        self.model = model.eval()
+        self.renderer = renderer
+        self.reuse_cache = reuse_cache
+        tok = renderer.tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_token_ids[0]
+        self.pad_token_id = int(pad)
+        self.max_context_tokens = getattr(model.config, "max_position_embeddings", None)
+
+    def open_session(self, sampling: SamplingConfig, generator: torch.Generator) -> LMSession:
+        return LMSession(
+            self.model,
+            end_token_ids=self.renderer.end_token_ids,
+            pad_token_id=self.pad_token_id,
+            sampling=sampling,
+            generator=generator,
+            reuse_cache=self.reuse_cache,
+        )
+
+
+class ScriptedPolicy:
+    """Act with ``fn(env) -> action text`` (e.g. ``lambda env: env.expert_action()``).
+
+    Output ids are ``renderer.encode_response(text)`` with mask 1 and log-prob 0.0, so the
+    episode can be trained on as a demonstration.
+    """
+
+    max_context_tokens: int | None = None
+
+    def __init__(self, fn: Callable[[Any], str], renderer: ChatRenderer) -> None:
+        if not isinstance(renderer, ChatRenderer):
+            raise TypeError("ScriptedPolicy needs a ChatRenderer (build one with ChatRenderer(tokenizer, system_prompt))")
+        self.fn = fn
+        self.renderer = renderer
+
+    def open_session(self, sampling: SamplingConfig, generator: torch.Generator) -> _ScriptedSession:
+        return _ScriptedSession(self.fn, self.renderer)
+
+
+class _ScriptedSession:
+    def __init__(self, fn: Callable[[Any], str], renderer: ChatRenderer) -> None:
+        self.fn = fn
+        self.renderer = renderer
+
+    def generate(self, requests: list[TurnRequest]) -> list[TurnOutput]:
+        outs = []
+        for req in requests:
+            try:
+                text = self.fn(req.env)
+                if not isinstance(text, str):
+                    raise TypeError(f"the scripted policy returned {type(text).__name__}, expected the action text")
+                ids = self.renderer.encode_response(text)
+            except Exception as exc:  # a failing script stops its episode, not the batch
+                outs.append(TurnOutput(error=f"scripted policy failed: {type(exc).__name__}: {exc}"))
+                continue
+            outs.append(TurnOutput(ids=ids, logprobs=[0.0] * len(ids), mask=[1] * len(ids), text=text))
+        return outs
+
+    def release(self, slot: int) -> None:
+        return None
