@@ -331,7 +331,8 @@ class FrozenLake:
         if name is None:
             message = invalid_message(action, ACTIONS)
             info: dict[str, Any] = {"action_valid": False, "action": None, "error": message}
-            self._finish(info, truncated=out_of_steps)
+            if out_of_steps:
+                self._end(info, success=False)
             self._last_obs = self._obs("timeout" if out_of_steps else "invalid", message)
             return StepResult(self._last_obs, 0.0, False, out_of_steps, info)
         move = ACTIONS.index(name)
@@ -352,8 +353,7 @@ class FrozenLake:
             status = ""
             message = f"You slipped and moved {ACTIONS[move]}." if move != ACTIONS.index(name) else ""
         if terminated or truncated:
-            self._success = symbol == "G"
-            self._finish(info, truncated=True)
+            self._end(info, success=symbol == "G")
         self._last_obs = self._obs(status, message)
         return StepResult(self._last_obs, 1.0 if symbol == "G" else 0.0, terminated, truncated, info)
 
@@ -387,10 +387,9 @@ class FrozenLake:
     def close(self) -> None:
         """Nothing to release; present for the contract."""
 
-    def _finish(self, info: dict[str, Any], *, truncated: bool) -> None:
-        if truncated:
-            self._done = True
-            info["success"] = self._success
+    def _end(self, info: dict[str, Any], *, success: bool) -> None:
+        self._done, self._success = True, success
+        info["success"] = success
 
     def _obs(self, status: str, message: str) -> GridObs:
         rows = list(self._base_rows)
