@@ -229,3 +229,11 @@ def test_chat_message_observations_are_accepted():
             return [{"role": "user", "content": f"at {obs}"}]
 
     check_env(Chat())
+
+
+def test_builtin_envs_satisfy_the_env_protocol():
+    from arborl.env import Env
+    from arborl.env.envs import FrozenLake, Sokoban
+
+    assert isinstance(FrozenLake(), Env) and isinstance(Sokoban(), Env)
+    assert FrozenLake.task_type == "frozenlake" and Sokoban.task_type == "sokoban"
