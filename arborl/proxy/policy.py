@@ -68,10 +68,11 @@ def validate_pattern(pattern: str) -> str:
         ValueError: If the pattern uses an unsupported wildcard or is empty.
     """
     canon = normalise_host(pattern)
-    if canon == "*":
+    if canon == "*" and pattern.strip() == "*":
         return canon
     body = canon[2:] if canon.startswith("*.") else canon
-    if not body or "*" in body or "/" in body or " " in body:
+    # `canon == "*"` here means e.g. "*." which must not silently widen to "every host".
+    if canon == "*" or not body or "*" in body or "/" in body or " " in body:
         raise ValueError(
             f"bad domain pattern {pattern!r}: use an exact host ('example.com'), a subdomain "
             "wildcard ('*.example.com') or '*' for every host"

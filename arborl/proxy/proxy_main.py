@@ -199,11 +199,14 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(serve(cfg, args.watch_stdin))
     except Exception:
         traceback.print_exc()
-        sys.stderr.flush()
-        # A failed start can leave non-daemon threads behind; do not hang the parent waiting on us.
-        os._exit(1)
+        return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Sockets and the cache are closed by now (done hook). Skip interpreter teardown: it waits
+    # about a second on mitmproxy's helper threads, and after a failed start it can hang on them.
+    os._exit(code)
