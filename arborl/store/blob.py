@@ -152,6 +152,28 @@ class S3BlobStore:
         self.client.close()
 
 
+class NoBlobStore:
+    """Placeholder for stores opened without ``?blob=``: media calls explain how to configure one."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def put(self, data: bytes) -> str:
+        """Refuse: no blob store is configured."""
+        raise StoreError(self.why)
+
+    def get(self, url: str) -> bytes:
+        """Refuse: no blob store is configured."""
+        raise StoreError(self.why)
+
+    def delete(self, url: str) -> None:
+        """Refuse: no blob store is configured."""
+        raise StoreError(self.why)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
 def open_blob_store(url: str, s3_endpoint: str | None = None) -> BlobStore:
     """A blob store from a URL: ``file:///dir`` or ``s3://bucket/prefix``."""
     u = urlparse(url)

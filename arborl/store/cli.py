@@ -102,12 +102,13 @@ def _emit(args: argparse.Namespace, data: Any, table: Table | None) -> None:
 
 def cmd_query(args: argparse.Namespace) -> int:
     """Handler of ``store query``."""
-    with open_store(args.url) as store:
+    with open_store(args.url, create=False) as store:
         rows, nxt = store.query_index(limit=args.limit, cursor=args.cursor, **_filters(args))
     data = {"episodes": [r.to_dict() for r in rows], "next_cursor": nxt}
     t = Table(title=f"{len(rows)} episode(s) in {redact(args.url)}", caption=f"next cursor: {nxt}" if nxt else None)
-    for c in ("episode_id", "task_type", "source", "iter", "policy", "reward", "success", "turns", "stop", "tags"):
-        t.add_column(c)
+    t.add_column("episode_id", overflow="fold", min_width=12)
+    for c in ("task_type", "source", "iter", "policy", "reward", "success", "turns", "stop", "tags"):
+        t.add_column(c, overflow="fold")
     for r in rows:
         t.add_row(r.episode_id, r.task_type, r.source, str(r.iteration), str(r.policy_version), f"{r.reward:.3g}",
                   "-" if r.success is None else str(r.success), str(r.n_turns), r.stop_reason, ",".join(r.tags))
@@ -117,7 +118,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 def cmd_slice(args: argparse.Namespace) -> int:
     """Handler of ``store slice``."""
-    with open_store(args.url) as store:
+    with open_store(args.url, create=False) as store:
         turns = store.slice(args.episode_id, args.start, args.stop)
     start = args.start
     data = [{"path_index": start + k, **{f: getattr(tu, f) for f in (
@@ -136,7 +137,7 @@ def cmd_slice(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     """Handler of ``store profile``."""
     cols = tuple(c for c in args.group_by.split(",") if c)
-    with open_store(args.url) as store:
+    with open_store(args.url, create=False) as store:
         prof = store.profile(group_by=cols, **_filters(args))
     data = [p.to_dict() for p in prof]
     t = Table(title=f"capability profile of {redact(args.url)}")
@@ -152,7 +153,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Handler of ``store export``."""
-    with open_store(args.url) as store:
+    with open_store(args.url, create=False) as store:
         n = store.export_parquet(args.out, **_filters(args))
     _emit(args, {"path": args.out, "rows": n}, None if args.json else _kv("export", {"path": args.out, "rows": n}))
     return 0
@@ -161,7 +162,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_expire(args: argparse.Namespace) -> int:
     """Handler of ``store expire``."""
     older: timedelta | None = args.older_than
-    with open_store(args.url) as store:
+    with open_store(args.url, create=False) as store:
         if older is None and not store.config.ttl_by_task_type and store.config.default_ttl is None:
             raise StoreError("nothing to expire by: pass --older-than 7d or put ttl=task:7d,*:30d in the store URL")
         n = store.expire(older_than=older, task_type=args.task_type)

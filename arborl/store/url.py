@@ -4,21 +4,21 @@ URL forms (see docs/store.md):
 
 * ``sqlite:///relative/or/absolute/path.db`` (``sqlite:////abs/path.db`` also works)
 * ``postgresql://user@host:port/db``
-* ``redis://host:port/0`` (index only; bodies go to the ``blob`` store, default
-  ``file://$PWD/arborl-blobs``)
+* ``redis://host:port/0?blob=...`` (index only; bodies go to the ``blob`` store, required)
 
 Query parameters common to all: ``blob=file:///dir`` or ``blob=s3://bucket/prefix``,
 ``s3_endpoint=http://host:port`` (S3-compatible server), ``ttl=search:7d,code:12h,*:30d``
 (per-task-type retention; ``*`` is the default). SQLite also takes ``synchronous=full``;
-PostgreSQL takes ``pool_min``/``pool_max``; Redis takes ``prefix``.
+PostgreSQL takes ``pool_min``/``pool_max`` and ``partitioned=day|week|month``; Redis takes ``prefix``.
 """
 
 from __future__ import annotations
 
 import re
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
+from urllib.parse import parse_qsl, urlparse, urlunparse
 
 from arborl.store.base import StoreConfig, StoreError
 from arborl.store.blob import BlobStore, open_blob_store
@@ -49,13 +49,15 @@ def parse_ttl(text: str) -> StoreConfig:
     return StoreConfig(ttl_by_task_type=per, default_ttl=default)
 
 
-def open_store(url: str, *, config: StoreConfig | None = None, blobs: BlobStore | None = None) -> Any:
+def open_store(url: str, *, config: StoreConfig | None = None, blobs: BlobStore | None = None,
+               create: bool = True) -> Any:
     """Open (creating if needed) the trajectory store named by ``url``.
 
     Args:
         url: Store URL (module docstring lists the forms and parameters).
         config: TTL settings; overrides ``ttl=`` in the URL.
         blobs: A ready blob store; overrides ``blob=`` in the URL.
+        create: Create a missing SQLite file (``False``: raise :class:`StoreError` instead).
 
     Returns:
         A store implementing :class:`~arborl.store.base.TrajectoryStore`.
@@ -77,13 +79,15 @@ def open_store(url: str, *, config: StoreConfig | None = None, blobs: BlobStore 
         if u.netloc or not path:
             raise StoreError(f"store URL {url!r} needs a file and no host; write sqlite:///relative/traj.db or sqlite:////absolute/traj.db")
         _no_extra(params, {"synchronous"}, url)
+        if not create and not Path(path).exists():
+            raise StoreError(f"no store at {path} (from {url!r})")
         return SQLiteStore(path, blobs=blobs, config=config, synchronous=params.get("synchronous", "normal"))
     if u.scheme in ("postgresql", "postgres"):
         from arborl.store.postgres import PostgresStore
 
         _no_extra(params, {"pool_min", "pool_max", "partitioned"}, url)
         conninfo = urlunparse(u._replace(scheme="postgresql", query=""))
-        return PostgresStore(conninfo, blobs=blobs, config=config,
+        return PostgresStore(conninfo, blobs=blobs, config=config, partitioned=params.get("partitioned"),
                              pool_min=int(params.get("pool_min", 1)), pool_max=int(params.get("pool_max", 4)))
     if u.scheme == "redis":
         from arborl.store.redis_index import RedisStore
@@ -105,8 +109,6 @@ def _no_extra(params: dict[str, str], allowed: set[str], url: str) -> None:
 
 
 def redact(url: str) -> str:
-    """The URL without a password, for logs and error messages."""
+    """The URL without its password, for logs and error messages."""
     u = urlparse(url)
-    if u.password:
-        u = u._replace(netloc=u.netloc.replace(f":{u.password}@", ":***@"))
-    return urlunparse(u._replace(query=urlencode(parse_qsl(u.query))))
+    return url.replace(f":{u.password}@", ":***@", 1) if u.password else url

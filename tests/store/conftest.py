@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from storekit import make_episode  # noqa: E402
 
+BACKENDS = ["sqlite", "postgres", "postgres_partitioned", "redis", "redis_s3"]
+
 
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
@@ -18,5 +21,94 @@ def sqlite_url(tmp_path: Path) -> str:
 
 
 @pytest.fixture
+def aws_env(monkeypatch):
+    """Dummy credentials for the moto S3 emulator (boto3 refuses to sign without some)."""
+    for k, v in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                 ("AWS_DEFAULT_REGION", "us-east-1")):
+        monkeypatch.setenv(k, v)
+
+
+def pg_database(server: str, partitioned: bool, blob_dir: Path):
+    """Create a fresh database on the session's server; return (url, drop function)."""
+    import psycopg
+
+    name = "t" + uuid.uuid4().hex[:12]
+    with psycopg.connect(server, autocommit=True) as c:
+        c.execute(f"CREATE DATABASE {name}")
+
+    def drop() -> None:
+        with psycopg.connect(server, autocommit=True) as c:
+            c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+    url = f"{server.rsplit('/', 1)[0]}/{name}?blob=file://{blob_dir}"
+    return (url + "&partitioned=month" if partitioned else url), drop
+
+
+@pytest.fixture(params=BACKENDS)
+def store_url(request, tmp_path: Path):
+    """A URL of an empty store, once per backend."""
+    kind = request.param
+    if kind == "sqlite":
+        yield f"sqlite:///{tmp_path}/traj.db"
+    elif kind.startswith("postgres"):
+        url, drop = pg_database(request.getfixturevalue("pg_server"), kind.endswith("partitioned"), tmp_path / "b")
+        yield url
+        drop()
+    else:
+        server = request.getfixturevalue("redis_url_server")
+        prefix = "t" + uuid.uuid4().hex[:12]
+        if kind == "redis":
+            yield f"{server}?prefix={prefix}&blob=file://{tmp_path}/blobs"
+        else:
+            endpoint = request.getfixturevalue("s3_endpoint")
+            request.getfixturevalue("aws_env")
+            yield f"{server}?prefix={prefix}&blob=s3://{prefix}/bodies&s3_endpoint={endpoint}"
+
+
+@pytest.fixture
 def episodes() -> list:
     return [make_episode(i) for i in range(10)]
+
+
+def _service(factory):
+    """Start a service for the session; skip (or fail under ARBORL_REQUIRE_SERVICES=1) if missing."""
+    import contextlib
+    import os
+
+    from services import ServiceMissing
+
+    stack = contextlib.ExitStack()
+    try:
+        url = stack.enter_context(factory())
+    except ServiceMissing as e:
+        if os.environ.get("ARBORL_REQUIRE_SERVICES") == "1":
+            pytest.fail(f"ARBORL_REQUIRE_SERVICES=1 but {e}")
+        pytest.skip(str(e))
+    return url, stack
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    from services import postgres_server
+
+    url, stack = _service(postgres_server)
+    with stack:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def redis_url_server():
+    from services import redis_server
+
+    url, stack = _service(redis_server)
+    with stack:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    from services import moto_server
+
+    url, stack = _service(moto_server)
+    with stack:
+        yield url

@@ -30,3 +30,8 @@ def make_episode(i: int, *, task_type: str = "search", n_turns: int = 4, created
             ep.add_turn(Turn(turn_id="side", parent_id="t0", index=1, observation="side", reward=100.0))
         parent = t.turn_id
     return ep
+
+
+def with_param(url: str, param: str) -> str:
+    """``url`` with one more query parameter."""
+    return f"{url}{'&' if '?' in url else '?'}{param}"

@@ -115,3 +115,9 @@ def test_cli_as_a_module(filled):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert sum(p["count"] for p in json.loads(r.stdout)) == 8
+
+
+def test_cli_does_not_create_a_missing_store(tmp_path, capsys):
+    assert main(["profile", f"sqlite:///{tmp_path}/missing.db"]) == 2
+    assert "no store at" in capsys.readouterr().err
+    assert not (tmp_path / "missing.db").exists()
