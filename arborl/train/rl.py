@@ -51,7 +51,7 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 def _update(model, opt, cfg: TrainConfig, batch: TokenBatch, adv: Tensor, ref_logp: Tensor | None,
             gen: torch.Generator) -> dict[str, float]:
     """``ppo_epochs`` passes of minibatch PPO-clip steps over one iteration's batch."""
-    rc, temp = cfg.rl, cfg.rollout.sampling.temperature
+    rc, temp = cfg.rl, cfg.rollout.sampling.logprob_temperature
     sums: dict[str, float] = {}
     n = 0
     for _ in range(rc.ppo_epochs):
@@ -130,7 +130,7 @@ def train_rl(
         if ref is not None:
             with torch.no_grad():
                 ref_logp = token_logprobs(ref, batch.input_ids, batch.attention_mask,
-                                          temperature=cfg.rollout.sampling.temperature)
+                                          temperature=cfg.rollout.sampling.logprob_temperature)
         # loss + update
         terms = _update(model, opt, cfg, batch, adv, ref_logp, gen)
         # metrics

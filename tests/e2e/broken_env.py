@@ -6,6 +6,9 @@ from arborl.env import StepResult
 class NoStateKey:
     task_type = "broken"
 
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+
     def reset(self, *, seed=None, options=None):
         return "start", {}
 
