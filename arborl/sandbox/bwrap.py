@@ -12,8 +12,9 @@ What it isolates:
 - **Files:** a fresh root with read-only binds of ``/usr`` (and the ``/bin /lib /lib64 /sbin``
   symlinks), ``/etc/ld.so.cache``, ``/etc/localtime``, ``/etc/ssl``, ``/etc/ca-certificates``;
   nothing else of the host (no ``/root``, ``/home``, ``/work``, project tree, docker socket).
-  Writable: a size-capped tmpfs ``/tmp`` (the scratch and cwd) and a size-capped ``/dev/shm``,
-  each of ``Limits.disk_mb`` (tmpfs pages also count against the memory cgroup).
+  Writable: only a size-capped tmpfs ``/tmp`` (the scratch and cwd) and a size-capped
+  ``/dev/shm``, each of ``Limits.disk_mb`` (tmpfs pages also count against the memory cgroup);
+  the sandbox's own root and ``/dev`` are remounted read-only.
 - **Network:** a new, empty network namespace (loopback only); no DNS. With ``proxy_socket``, the
   proxy's unix socket is bind-mounted at ``/run/arborl/proxy.sock`` and a relay on
   ``127.0.0.1:3128`` forwards to it (``HTTP(S)_PROXY`` are set).
@@ -111,7 +112,9 @@ class BwrapBackend:
             args += ["--setenv", key, value]
         if self.proxy_socket is not None:
             args += ["--dir", "/run/arborl", "--bind", self.proxy_socket, common.PROXY_SOCKET_IN_SANDBOX]
-        return args
+        # bwrap's root and /dev are tmpfs owned by the sandbox user: without this a snippet could
+        # fill memory through /etc or /dev, outside the size-capped scratch.
+        return [*args, "--remount-ro", "/", "--remount-ro", "/dev"]
 
     def run_python(self, code: str, *, stdin: str = "", files: dict[str, bytes] | None = None) -> ExecResult:
         """Run one snippet in a fresh sandbox.

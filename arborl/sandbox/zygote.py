@@ -116,6 +116,7 @@ class _Worker:
             argv += ["--dir", "/run/arborl", "--bind", proxy, common.PROXY_SOCKET_IN_SANDBOX]
         for key, value in {**common.SANDBOX_ENV, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}.items():
             argv += ["--setenv", key, value]
+        argv += ["--remount-ro", "/"]
         server_src = (Path(__file__).parent / "zygote_server.py").read_text()
         self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         argv += ["--", common.SYSTEM_PYTHON, "-I", "-B", "-c", server_src, str(child.fileno())]

@@ -1,0 +1,29 @@
+"""The contract of a tool an agent can call: a name, a description, a JSON schema, a call.
+
+Tools take the parsed JSON arguments of one tool call and return the text the model sees as the
+tool result. A tool never raises for anything the model did (bad code, timeouts, bad
+arguments): those become result text, so one bad call cannot end an episode or the trainer.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Tool(Protocol):
+    """What a tool registry holds.
+
+    Attributes:
+        name: The function name the model calls (``[a-zA-Z0-9_-]+``).
+        description: One paragraph shown to the model.
+        parameters: JSON schema (``{"type": "object", ...}``) of the arguments.
+    """
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    def __call__(self, arguments: dict[str, Any]) -> str:
+        """Run the tool on parsed arguments and return the result text (never raises)."""
+        ...
