@@ -49,6 +49,7 @@ from typing import ClassVar
 
 from arborl.sandbox._docker_image import ensure_image, image_exists
 from arborl.sandbox.base import ExecResult, Limits, SandboxError
+from arborl.sandbox.common import check_proxy_socket, validate_files
 
 LABEL = "arborl.sandbox"
 """Every container this module creates carries ``--label arborl.sandbox=1`` (see :func:`remove_leftovers`)."""
@@ -228,8 +229,7 @@ class DockerBackend:
                  pool_size: int = 2, docker_host: str | None = None, image: str | None = None) -> None:
         if pool_size < 1:
             raise ValueError(f"pool_size must be >= 1, got {pool_size}")
-        if proxy_socket is not None and not os.path.exists(proxy_socket):
-            raise SandboxError(f"proxy_socket {proxy_socket!r} does not exist; start the proxy first")
+        proxy_socket = check_proxy_socket(proxy_socket)
         reason = self.probe(docker_host=docker_host)
         if reason is not None:
             raise SandboxError(reason)
@@ -269,11 +269,12 @@ class DockerBackend:
     def _security_args(self) -> list[str]:
         lim = self.limits
         mem = lim.memory_mb + 32  # runner + reaper overhead, so the snippet gets about memory_mb
+        # pids + 2: the pid-1 reaper and the runner, so the snippet and its children get ``pids``.
         args = [
             "--label", f"{LABEL}=1", "--label", f"{LABEL}.owner={self._owner}",
             "--network", "none", "--read-only", "--cap-drop", "ALL",
             "--security-opt", "no-new-privileges", "--ipc", "none",
-            "--memory", f"{mem}m", "--memory-swap", f"{mem}m", "--pids-limit", str(lim.pids + 3),
+            "--memory", f"{mem}m", "--memory-swap", f"{mem}m", "--pids-limit", str(lim.pids + 2),
             "--cpus", "1", "--ulimit", "core=0", "--ulimit", "nofile=1024:1024",
             "--user", "65534:65534", "--workdir", "/scratch", "--hostname", "sandbox",
             "--tmpfs", f"/scratch:size={lim.disk_mb}m,mode=1777,nosuid,nodev,noexec",
@@ -321,9 +322,7 @@ class DockerBackend:
     # -- one run ----------------------------------------------------------------------------
 
     def _payload(self, code: str, stdin: str, files: dict[str, bytes] | None) -> bytes:
-        items = sorted((files or {}).items())
-        for fname, data in items:
-            _check_name(fname, data)
+        items = sorted(validate_files(files).items())
         env = {"PATH": "/usr/bin:/bin", "HOME": "/scratch", "TMPDIR": "/scratch", "LANG": "C.UTF-8"}
         if self._proxy:
             env["ARBORL_PROXY_SOCKET"] = _PROXY_IN_CONTAINER
@@ -437,14 +436,6 @@ class DockerBackend:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _check_name(name: str, data: bytes) -> None:
-    norm = os.path.normpath(name)
-    if not name or os.path.isabs(name) or norm.startswith("..") or norm != name.rstrip("/"):
-        raise SandboxError(f"file name {name!r} must be a plain relative path inside the scratch dir")
-    if not isinstance(data, bytes | bytearray):
-        raise SandboxError(f"file {name!r} must be bytes, got {type(data).__name__}")
 
 
 def _read_capped(stream: object, buf: bytearray, cap: int) -> None:

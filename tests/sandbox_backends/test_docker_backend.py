@@ -1,0 +1,194 @@
+"""Docker backend: one property per test, against a private dockerd (see conftest.py).
+
+Expectations are hand-derived from the container flags in ``arborl/sandbox/docker.py``:
+uid/gid 65534, read-only root (EROFS = errno 30), no network interface but ``lo``, pids and
+memory cgroup limits, a size-capped /scratch tmpfs, kill-and-replace at the deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+from conftest import docker_cli
+
+from arborl.sandbox.base import Limits, SandboxError
+from arborl.sandbox.docker import DockerBackend
+
+LIMITS = Limits(wall_s=3.0, cpu_s=2.0, memory_mb=128, pids=32, disk_mb=8, output_bytes=4096)
+
+# Prints this container's id (from its cgroup path) so tests can tell pool containers apart.
+CONTAINER_ID = "print(open('/proc/self/cgroup').read().split('/docker/')[1].split()[0][:12])"
+
+
+@pytest.fixture(scope="module")
+def backend(docker_host: str) -> Iterator[DockerBackend]:
+    b = DockerBackend(LIMITS, docker_host=docker_host, pool_size=1)
+    yield b
+    b.close()
+
+
+def owned(host: str, b: DockerBackend) -> list[str]:
+    out = docker_cli(host, "ps", "-aq", "--filter", f"label=arborl.sandbox.owner={b._owner}").stdout
+    return out.split()
+
+
+def test_probe_reports_a_missing_daemon() -> None:
+    reason = DockerBackend.probe(docker_host="unix:///nonexistent/docker.sock")
+    assert reason is not None and "scripts/setup/docker.sh" in reason
+
+
+def test_stdin_stdout_exit_code(backend: DockerBackend) -> None:
+    r = backend.run_python("import sys\nprint(sys.stdin.read()[::-1])\nsys.exit(3)", stdin="abc")
+    assert (r.stdout, r.exit_code, r.ok, r.backend) == ("cba\n", 3, False, "docker")
+
+
+def test_identity_readonly_root_and_no_network(backend: DockerBackend) -> None:
+    code = """
+import errno, json, os, socket
+res = {"uid": os.getuid(), "gid": os.getgid(), "ifaces": sorted(n for _, n in socket.if_nameindex())}
+try:
+    open("/usr/evil", "w")
+except OSError as e:
+    res["write_root"] = e.errno
+try:
+    socket.create_connection(("192.0.2.1", 80), timeout=2)
+except OSError as e:
+    res["tcp"] = e.errno
+status = dict(l.split(":", 1) for l in open("/proc/self/status"))
+res["capeff"] = status["CapEff"].strip()
+res["nnp"] = status["NoNewPrivs"].strip()
+res["env"] = sorted(os.environ)
+print(json.dumps(res))
+"""
+    r = backend.run_python(code)
+    assert r.ok, r.stderr
+    res = json.loads(r.stdout)
+    assert (res["uid"], res["gid"]) == (65534, 65534)
+    assert res["ifaces"] == ["lo"]
+    assert res["write_root"] == 30  # EROFS
+    assert res["tcp"] == 101  # ENETUNREACH: no route at all
+    assert res["capeff"] == "0000000000000000"
+    assert res["nnp"] == "1"
+    assert res["env"] == ["HOME", "LANG", "PATH", "TMPDIR"]  # nothing from the host
+
+
+def test_files_are_visible_and_nothing_persists(backend: DockerBackend) -> None:
+    first = backend.run_python(
+        "import os, subprocess, sys\n"
+        "open('left.txt', 'w').write('x')\n"
+        # a daemon that outlives the snippet: double fork + setsid, stdout closed
+        "subprocess.Popen([sys.executable, '-c', 'import os,time\\nif os.fork(): os._exit(0)\\nos.setsid()\\n"
+        "time.sleep(60)'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).wait()\n"
+        + CONTAINER_ID,
+        files={"in/data.txt": b"hello"})
+    second = backend.run_python(
+        "import os\n"
+        "print(sorted(os.listdir('.')), open('in/data.txt').read())\n"
+        "print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()).__len__())\n" + CONTAINER_ID,
+        files={"in/data.txt": b"again"})
+    assert first.ok and second.ok, (first.stderr, second.stderr)
+    lines = second.stdout.splitlines()
+    assert lines[0] == "['in'] again"  # left.txt of the first run is gone
+    # pid 1 (reaper), the runner, this snippet: the daemon of the first run was killed
+    assert lines[1] == "3"
+    assert lines[2] == first.stdout.strip()  # same pool container, reused
+
+
+def test_cpu_loop_and_sleep_hit_the_deadline(backend: DockerBackend) -> None:
+    t0 = time.monotonic()
+    spin = backend.run_python("while True: pass")
+    t1 = time.monotonic()
+    sleep = backend.run_python("import time; time.sleep(60)")
+    t2 = time.monotonic()
+    assert spin.timed_out and not spin.ok and t1 - t0 < LIMITS.cpu_s + 1.5
+    assert sleep.timed_out and not sleep.ok and t2 - t1 < LIMITS.wall_s + 1.5
+
+
+def test_deadline_kills_and_replaces_the_container(docker_host: str, backend: DockerBackend) -> None:
+    before = backend.run_python(CONTAINER_ID).stdout.strip()
+    # Stop the in-container runner (same uid) so only the host-side deadline can end the run.
+    t0 = time.monotonic()
+    r = backend.run_python("import os, signal, time\nos.kill(os.getppid(), signal.SIGSTOP)\ntime.sleep(60)")
+    assert r.timed_out and time.monotonic() - t0 < LIMITS.wall_s + 2.5
+    deadline = time.monotonic() + 10
+    while any(c.startswith(before) for c in owned(docker_host, backend)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(c.startswith(before) for c in owned(docker_host, backend))
+    after = backend.run_python(CONTAINER_ID)
+    assert after.ok and after.stdout.strip() != before
+
+
+def test_memory_limit(backend: DockerBackend) -> None:
+    r = backend.run_python("x = bytearray(400 << 20)\nx[::4096] = b'1' * len(x[::4096])\nprint('survived')")
+    assert r.memory_exceeded and not r.ok and "survived" not in r.stdout
+
+
+def test_pids_limit(backend: DockerBackend) -> None:
+    code = """
+import os, time
+n = 0
+for _ in range(200):
+    try:
+        if os.fork() == 0:
+            time.sleep(5); os._exit(0)
+        n += 1
+    except OSError:
+        break
+print(n)
+"""
+    r = backend.run_python(code)
+    assert int(r.stdout) + 1 == LIMITS.pids  # the snippet plus its children fill the limit exactly
+
+
+def test_disk_cap_and_no_dev_shm(backend: DockerBackend) -> None:
+    code = """
+import errno, os
+written = 0
+try:
+    with open("big", "wb") as f:
+        for _ in range(64):
+            f.write(b"x" * (1 << 20)); f.flush(); written += 1
+except OSError as e:
+    print(e.errno, written)
+print(os.path.exists("/dev/shm"))
+"""
+    r = backend.run_python(code)
+    first, second = r.stdout.split("\n")[:2]
+    errno_, mib = first.split()
+    assert errno_ == "28" and int(mib) <= LIMITS.disk_mb  # ENOSPC at the tmpfs size
+    assert second == "False"
+
+
+def test_output_is_capped(backend: DockerBackend) -> None:
+    r = backend.run_python("import sys\nsys.stdout.write('a' * 100000)\nsys.stderr.write('b' * 100000)")
+    assert r.ok and r.output_truncated
+    assert r.stdout == "a" * LIMITS.output_bytes and r.stderr == "b" * LIMITS.output_bytes
+
+
+def test_concurrent_runs_from_threads(backend: DockerBackend) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(3) as ex:
+        results = list(ex.map(lambda i: backend.run_python(f"print({i} * 7)"), range(6)))
+    assert [r.stdout for r in results] == [f"{i * 7}\n" for i in range(6)]
+
+
+def test_cold_path_and_close_leave_no_container(docker_host: str) -> None:
+    b = DockerBackend(LIMITS, docker_host=docker_host, warm=False)
+    r = b.run_python("import os; print(os.getuid())")
+    assert (r.stdout, r.exit_code) == ("65534\n", 0)
+    assert owned(docker_host, b) == []  # --rm
+    warm = DockerBackend(LIMITS, docker_host=docker_host, pool_size=2)
+    assert len(owned(docker_host, warm)) == 2
+    warm.close()
+    assert owned(docker_host, warm) == []
+    with pytest.raises(SandboxError, match="closed"):
+        warm.run_python("print(1)")
+
+
+def test_bad_file_name_is_refused(backend: DockerBackend) -> None:
+    with pytest.raises(ValueError, match="relative path"):
+        backend.run_python("print(1)", files={"../escape": b"x"})

@@ -1,0 +1,177 @@
+"""WASI backend: one property per test (see ``arborl/sandbox/wasm.py`` for the threat model).
+
+Errno values are WASI's, not Linux's: ENOENT = 44, ENOSPC = 51, EPERM = 63, ENOTCAPABLE = 76.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from arborl.sandbox import _wasm_runtime as rt
+from arborl.sandbox.base import Limits, SandboxError
+from arborl.sandbox.wasm import WasmBackend
+
+LIMITS = Limits(wall_s=3.0, cpu_s=2.0, memory_mb=64, disk_mb=4, output_bytes=4096)
+
+
+@pytest.fixture(scope="module")
+def backend(wasm_ready: str) -> Iterator[WasmBackend]:
+    b = WasmBackend(LIMITS, pool_size=1)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def writable(backend: WasmBackend) -> WasmBackend:
+    if not backend.writable:
+        pytest.skip("not root: the scratch is read-only here (no size-capped tmpfs can be mounted)")
+    return backend
+
+
+def arborl_mounts() -> list[str]:
+    with open("/proc/mounts") as f:
+        return [line for line in f if line.startswith("arborl-wasm ")]
+
+
+def test_stdin_stdout_exit_code(backend: WasmBackend) -> None:
+    r = backend.run_python("import sys\nprint(sys.stdin.read()[::-1])\nsys.exit(3)", stdin="abc")
+    assert (r.stdout, r.exit_code, r.ok, r.backend) == ("cba\n", 3, False, "wasm")
+
+
+def test_traceback_names_the_snippet_line(backend: WasmBackend) -> None:
+    r = backend.run_python("x = 1\ny = x / 0")
+    assert r.exit_code == 1 and 'line 2, in <module>\n    y = x / 0' in r.stderr
+    assert r.stderr.rstrip().endswith("ZeroDivisionError: division by zero")
+
+
+def test_files_are_visible_and_nothing_persists(writable: WasmBackend) -> None:
+    first = writable.run_python("open('left.txt', 'w').write('x')\nprint(open('in/data.txt').read())",
+                                files={"in/data.txt": b"hello"})
+    second = writable.run_python("import os\nprint(sorted(os.listdir('.')))")
+    assert (first.stdout, second.stdout) == ("hello\n", "[]\n")
+    assert arborl_mounts() == []  # each run's tmpfs is unmounted afterwards
+
+
+def test_cpu_loop_traps_at_the_epoch_deadline(backend: WasmBackend) -> None:
+    t0 = time.monotonic()
+    r = backend.run_python("while True: pass")
+    assert r.timed_out and not r.ok and time.monotonic() - t0 < LIMITS.cpu_s + 1.0
+
+
+def test_blocking_sleep_is_killed_at_the_wall_deadline(backend: WasmBackend) -> None:
+    t0 = time.monotonic()
+    r = backend.run_python("import time\nprint('before', flush=True)\ntime.sleep(60)")
+    assert r.timed_out and r.exit_code == -9 and time.monotonic() - t0 < LIMITS.wall_s + 1.0
+    assert r.stdout == "before\n"
+    assert backend.run_python("print(2)").stdout == "2\n"  # the killed worker was replaced
+
+
+def test_memory_limit(backend: WasmBackend) -> None:
+    r = backend.run_python("x = bytearray(200 << 20)\nprint('survived')")
+    assert r.memory_exceeded and not r.ok and "survived" not in r.stdout
+
+
+def test_disk_quota_is_real(writable: WasmBackend) -> None:
+    code = """
+written = 0
+try:
+    with open("big", "wb") as f:
+        for _ in range(64):
+            f.write(b"x" * (1 << 20)); f.flush(); written += 1
+except OSError as e:
+    print(e.errno, written)
+"""
+    r = writable.run_python(code)
+    errno_, mib = r.stdout.split()
+    assert errno_ == "51" and int(mib) <= LIMITS.disk_mb  # WASI ENOSPC at the tmpfs size
+
+
+def test_many_small_files_hit_the_inode_cap(writable: WasmBackend) -> None:
+    code = """
+n = 0
+try:
+    for n in range(100000):
+        open(f"f{n}", "w").close()
+except OSError as e:
+    print(e.errno, n)
+"""
+    errno_, n = writable.run_python(code).stdout.split()
+    assert errno_ == "51" and int(n) <= max(1024, LIMITS.disk_mb * 256)
+
+
+def test_no_host_files_no_network_no_env(backend: WasmBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SECRET_TOKEN", "hunter2")
+    code = """
+import json, os, socket
+res = {"env": "SECRET_TOKEN" in os.environ}
+try:
+    res["root"] = os.listdir("/")
+except OSError as e:
+    res["root"] = e.errno
+for p in ("/etc/passwd", "/proc/self/environ", "../../etc/passwd"):
+    try:
+        open(p).read(); res[p] = "read"
+    except OSError as e:
+        res[p] = e.errno
+try:
+    socket.create_connection(("127.0.0.1", 22), timeout=1); res["tcp"] = "connected"
+except Exception as e:
+    res["tcp"] = type(e).__name__
+print(json.dumps(res))
+"""
+    res = json.loads(backend.run_python(code).stdout)
+    assert res["env"] is False
+    assert res["root"] == 44  # only the two preopens exist; "/" itself is not a directory here
+    assert res["/etc/passwd"] == 44 and res["/proc/self/environ"] == 44
+    assert res["../../etc/passwd"] in (44, 63, 76)  # ENOENT, EPERM or ENOTCAPABLE: never read
+    assert res["tcp"] != "connected"
+
+
+def test_proxy_socket_is_refused(wasm_ready: str) -> None:
+    with pytest.raises(SandboxError, match="no network"):
+        WasmBackend(LIMITS, proxy_socket="/tmp/proxy.sock")
+
+
+def test_output_is_capped(backend: WasmBackend) -> None:
+    r = backend.run_python("import sys\nsys.stdout.write('a' * 100000)\nsys.stderr.write('b' * 100000)")
+    assert r.ok and r.output_truncated
+    assert r.stdout == "a" * LIMITS.output_bytes and r.stderr == "b" * LIMITS.output_bytes
+
+
+def test_read_only_mode_reads_files_and_writes_nothing(wasm_ready: str) -> None:
+    with WasmBackend(LIMITS, writable=False, pool_size=1) as b:
+        r = b.run_python("print(open('d.txt').read())\nopen('new.txt', 'w')", files={"d.txt": b"ro"})
+    assert r.stdout == "ro\n" and r.exit_code == 1 and "new.txt" in r.stderr
+
+
+def test_compiled_module_is_reused(wasm_ready: str) -> None:
+    cached = rt.compiled_module(wasm_ready)
+    mtime = os.stat(cached).st_mtime_ns
+    t0 = time.monotonic()
+    with WasmBackend(LIMITS, pool_size=1) as b:
+        assert b.run_python("print(1)").stdout == "1\n"
+    assert time.monotonic() - t0 < 5.0  # compiling would take 7-11 s
+    assert rt.compiled_module(wasm_ready) == cached and os.stat(cached).st_mtime_ns == mtime
+
+
+@pytest.mark.slow
+def test_fresh_cache_compiles_once(wasm_ready: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ARBORL_CACHE_DIR", str(tmp_path))
+    (tmp_path / "wasm").mkdir(mode=0o700)
+    path = rt.compiled_module(wasm_ready)
+    assert path.startswith(str(tmp_path)) and os.path.getsize(path) > 1 << 20
+    t0 = time.monotonic()
+    assert rt.compiled_module(wasm_ready) == path and time.monotonic() - t0 < 1.0
+
+
+def test_cache_writable_by_others_is_refused(wasm_ready: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ARBORL_CACHE_DIR", str(tmp_path))
+    (tmp_path / "wasm").mkdir()
+    os.chmod(tmp_path / "wasm", 0o777)
+    with pytest.raises(SandboxError, match="writable by others"):
+        rt.compiled_module(wasm_ready)
