@@ -1,4 +1,4 @@
-"""Bad input, future schema versions, crash safety and concurrent writers (SQLite)."""
+"""Bad input (every backend), future schema versions, crash safety and concurrent writers (SQLite)."""
 
 from __future__ import annotations
 
@@ -37,10 +37,10 @@ WRITER = str(Path(__file__).parent / "writer_proc.py")
         (lambda d: d["turns"][0].update(info={"x": math.inf}), "not JSON-able"),
     ],
 )
-def test_malformed_episode_is_rejected_naming_the_field_and_nothing_is_stored(sqlite_url, mutate, field):
+def test_malformed_episode_is_rejected_naming_the_field_and_nothing_is_stored(store_url, mutate, field):
     bad = make_episode(99).to_dict()
     mutate(bad)
-    with open_store(sqlite_url) as store:
+    with open_store(store_url) as store:
         with pytest.raises(SchemaError) as err:
             store.put_many([make_episode(1), bad, make_episode(2)])
         assert field in str(err.value)
