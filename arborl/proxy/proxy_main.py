@@ -5,8 +5,9 @@
 It runs mitmproxy (as a library, ``DumpMaster`` without console output) in regular proxy mode on
 ``127.0.0.1`` with :class:`addon.ArborlAddon`, plus, on the same event loop:
 
-* a unix-socket listener that pipes each connection to mitmproxy's TCP port (mitmproxy 11 cannot
-  listen on a unix socket itself); this socket is what a sandbox gets bind-mounted;
+* a unix-socket listener whose connections are handed to mitmproxy's regular-mode server exactly
+  like its TCP connections (mitmproxy 11 cannot listen on a unix socket by itself); this socket
+  is what a sandbox gets bind-mounted;
 * an admin unix socket (mode 0600, never bind-mounted) that answers ``stats`` with JSON.
 
 When everything listens it prints one line ``ARBORL_PROXY_READY {json}`` on stdout. With
@@ -26,7 +27,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 import traceback
@@ -49,15 +49,25 @@ def _load_addon_module() -> types.ModuleType:
     return importlib.import_module(f"{_PKG}.addon")
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-    except (ConnectionError, OSError):
-        pass
+class _LoopbackWriter:
+    """A unix-socket ``StreamWriter`` that reports loopback TCP addresses.
+
+    mitmproxy's connection handler reads ``peername``/``sockname`` as ``(host, port)`` tuples; a
+    unix socket has none, so these report the proxy's own loopback address instead. Everything
+    else is delegated to the real writer.
+    """
+
+    def __init__(self, writer: asyncio.StreamWriter, sockname: tuple[str, int]):
+        self._writer = writer
+        self._info = {"peername": ("127.0.0.1", 0), "sockname": sockname, "transport_protocol": "tcp"}
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name in self._info:
+            return self._info[name]
+        return self._writer.get_extra_info(name, default)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._writer, name)
 
 
 class Runtime:
@@ -74,23 +84,13 @@ class Runtime:
         self.socket_path = cfg["socket_path"] if cfg["unix_socket"] else None
         self.admin_path = str(self.state_dir / "admin.sock")
         self.port = 0
+        self._instance: Any = None  # mitmproxy's regular-mode server instance
         self._servers: list[asyncio.base_events.Server] = []
 
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
-        except OSError:
-            writer.close()
-            return
-        sock = up_writer.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
-        finally:
-            for w in (up_writer, writer):
-                w.close()
+    async def _handoff(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # Hand the unix-socket stream straight to mitmproxy's regular-mode server, as if it had
+        # arrived on its TCP port: no extra hop, no loopback TCP in between.
+        await self._instance.handle_stream(reader, _LoopbackWriter(writer, ("127.0.0.1", self.port)))
 
     async def _admin(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -119,8 +119,9 @@ class Runtime:
 
         addrs = ctx.master.addons.get("proxyserver").listen_addrs()
         self.port = int(addrs[0][1])
+        self._instance = next(iter(ctx.master.addons.get("proxyserver").servers))
         if self.socket_path:
-            await self._unix_server(self.socket_path, self._relay, int(self.cfg["socket_mode"]))
+            await self._unix_server(self.socket_path, self._handoff, int(self.cfg["socket_mode"]))
         await self._unix_server(self.admin_path, self._admin, 0o600)
         confdir = Path(self.cfg["confdir"])
         ready = {

@@ -206,6 +206,16 @@ class ProxyServer:
     ) -> None:
         self.stop()
 
+    @property
+    def alive(self) -> bool:
+        """Whether the proxy process is running."""
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        """The proxy process's exit code once it has exited, else None."""
+        return None if self._proc is None else self._proc.poll()
+
     # -- what clients need -----------------------------------------------------------------------
 
     def _need(self, key: str) -> Any:
