@@ -9,9 +9,10 @@ What it isolates:
 
 - **Environment:** the snippet gets only ``PATH HOME TMPDIR LANG USER``.
 - **Network:** a new network namespace with only loopback (no DNS, no host services); with
-  ``proxy_socket`` the relay on ``127.0.0.1:3128`` forwards to the proxy's socket (used at its
-  host path, which must be connectable by uid 65534).
-- **Scratch:** per-run tmpfs at ``/tmp`` (cwd), ``/var/tmp``, ``/dev/shm``, each of ``disk_mb``.
+  ``proxy_socket`` the socket is bind-mounted at ``/run/arborl/proxy.sock`` and the relay on
+  ``127.0.0.1:3128`` forwards to it.
+- **Scratch:** per-run tmpfs at ``/tmp`` (cwd), ``/var/tmp``, ``/dev/shm``, each of ``disk_mb``;
+  a private ``/run`` hides the host's runtime sockets (e.g. ``/run/docker.sock``).
 - **Resources:** memory + pids cgroup when the machine has one (else RLIMIT_AS / RLIMIT_NPROC),
   RLIMIT_CPU/FSIZE, the wall deadline, capped output; descendants are killed through the cgroup.
 - **Privileges:** uid 65534, no capabilities, ``no_new_privs`` and the seccomp filter (no
@@ -44,7 +45,7 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWNET = 0x40000000
-MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
 SIOCSIFFLAGS = 0x8914
 IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x1, 0x8, 0x40
 _SCRATCH_MOUNTS = ("/tmp", "/var/tmp", "/dev/shm")
@@ -58,14 +59,25 @@ def _check(rc: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def _isolate(tmpfs_opts: bytes) -> None:
-    """Child side, as root: new namespaces, loopback up, private tmpfs scratch."""
+def _isolate(tmpfs_opts: bytes, proxy: str | None) -> None:
+    """Child side, as root: new namespaces, loopback up, private tmpfs scratch, private /run."""
     _check(_libc.unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
     # Mounts below must not propagate back to the host's mount namespace.
     _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+    # Hold the proxy socket by fd (opened in the new namespace, or the bind is refused): the
+    # tmpfs mounted over /tmp or /run may hide its path.
+    proxy_fd = os.open(proxy, os.O_PATH) if proxy else None
     for path in _SCRATCH_MOUNTS:
         if os.path.isdir(path):
             _check(_libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, tmpfs_opts), f"mount {path}")
+    # A fresh /run hides the host's runtime sockets (docker.sock, service sockets) and holds the proxy.
+    _check(_libc.mount(b"tmpfs", b"/run", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=755"), "mount /run")
+    if proxy_fd is not None:
+        os.mkdir("/run/arborl", 0o755)
+        os.close(os.open(common.PROXY_SOCKET_IN_SANDBOX, os.O_CREAT | os.O_WRONLY, 0o666))
+        src = f"/proc/self/fd/{proxy_fd}".encode()
+        _check(_libc.mount(src, common.PROXY_SOCKET_IN_SANDBOX.encode(), None, MS_BIND, None), "bind proxy socket")
+        os.close(proxy_fd)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         ifreq = struct.pack("16sH14x", b"lo", IFF_UP | IFF_LOOPBACK | IFF_RUNNING)
         fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, ifreq)
@@ -108,16 +120,18 @@ class ProcessBackend:
 
     def run_python(self, code: str, *, stdin: str = "", files: dict[str, bytes] | None = None) -> ExecResult:
         """Run one snippet (see :meth:`arborl.sandbox.Sandbox.run_python`)."""
-        request = common.make_request(code, stdin, files, self.proxy_socket)
+        request = common.make_request(
+            code, stdin, files, common.PROXY_SOCKET_IN_SANDBOX if self.proxy_socket else None
+        )
         payload_fd = os.memfd_create("arborl-request")
         try:
             os.write(payload_fd, request)
             os.lseek(payload_fd, 0, os.SEEK_SET)
-            opts = self._tmpfs_opts
+            opts, proxy = self._tmpfs_opts, self.proxy_socket
             argv = [common.SYSTEM_PYTHON, "-I", "-B", "-c", common.launcher_source(), str(payload_fd)]
             return common.run_once(
                 argv, limits=self.limits, backend=self.name, pass_fds=(payload_fd,),
-                before_drop=lambda: _isolate(opts), after_drop=self._load_seccomp, env=dict(common.SANDBOX_ENV),
+                before_drop=lambda: _isolate(opts, proxy), after_drop=self._load_seccomp, env=dict(common.SANDBOX_ENV),
             )  # fmt: skip
         finally:
             os.close(payload_fd)
