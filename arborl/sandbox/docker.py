@@ -44,17 +44,19 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar
 
 from arborl.sandbox._docker_image import ensure_image, image_exists
 from arborl.sandbox.base import ExecResult, Limits, SandboxError
-from arborl.sandbox.common import check_proxy_socket, validate_files
+from arborl.sandbox.common import PROXY_SOCKET_IN_SANDBOX, check_proxy_socket, relay_source, validate_files
 
 LABEL = "arborl.sandbox"
 """Every container this module creates carries ``--label arborl.sandbox=1`` (see :func:`remove_leftovers`)."""
 
-_PROXY_IN_CONTAINER = "/run/arborl/proxy.sock"
+_PROXY_IN_CONTAINER = PROXY_SOCKET_IN_SANDBOX
+_PROXY_URL = "http://127.0.0.1:3128"  # the relay inside the container (arborl/proxy/relay.py)
 _GRACE_S = 0.7  # host-side backstop after the runner's own wall kill
 _DOCKER_CALL_S = 30.0
 
@@ -154,6 +156,12 @@ os.write(code, req["code"].encode("utf-8", "surrogatepass"))
 os.lseek(code, 0, 0)
 if code != 3:
     os.dup2(code, 3, inheritable=True)
+if req.get("relay"):  # proxy: HTTP(S)_PROXY=127.0.0.1:3128 in here -> the bind-mounted unix socket
+    import threading
+    ns = {"__name__": "arborl_relay"}
+    exec(compile(req["relay"], "arborl_relay.py", "exec"), ns)
+    relay = ns["make_server"](req["proxy_socket"], 3128)
+    threading.Thread(target=relay.serve_forever, daemon=True).start()
 cpu = req["cpu_s"]
 def limit():
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
@@ -214,8 +222,9 @@ class DockerBackend:
     Args:
         limits: Per-run limits. Memory, pids and scratch size are container-wide limits fixed at
             container start; ``cpu_s`` and ``wall_s`` are enforced per run.
-        proxy_socket: Host path of the network proxy's unix socket; bind-mounted at
-            ``/run/arborl/proxy.sock`` and announced in ``ARBORL_PROXY_SOCKET``.
+        proxy_socket: Host path of the network proxy's unix socket (mode 0666); bind-mounted at
+            ``/run/arborl/proxy.sock``; a relay in the runner serves it on ``127.0.0.1:3128``,
+            which ``HTTP(S)_PROXY`` point at (the container has no other way out).
         warm: ``True`` (default) keeps ``pool_size`` containers started and ``docker exec``s into
             them; ``False`` starts a fresh ``docker run --rm`` container per run (slow, simple).
         pool_size: Number of idle containers kept warm.
@@ -244,6 +253,8 @@ class DockerBackend:
         self._lock = threading.Lock()
         self._closed = False
         self._refill = ThreadPoolExecutor(max_workers=2, thread_name_prefix="arborl-docker-pool")
+        # If close() is never called, remove this backend's containers at garbage collection / exit.
+        self._finalizer = weakref.finalize(self, remove_leftovers, docker_host=docker_host, owner=self._owner)
         if warm:
             for cid in self._refill.map(lambda _: self._start_container(), range(pool_size)):
                 self._idle.put(cid)
@@ -324,9 +335,13 @@ class DockerBackend:
     def _payload(self, code: str, stdin: str, files: dict[str, bytes] | None) -> bytes:
         items = sorted(validate_files(files).items())
         env = {"PATH": "/usr/bin:/bin", "HOME": "/scratch", "TMPDIR": "/scratch", "LANG": "C.UTF-8"}
+        extra: dict[str, str] = {}
         if self._proxy:
-            env["ARBORL_PROXY_SOCKET"] = _PROXY_IN_CONTAINER
-        header = json.dumps({
+            env.update({v: _PROXY_URL for v in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")})
+            env.update({v.lower(): _PROXY_URL for v in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")})
+            env["NO_PROXY"] = env["no_proxy"] = ""
+            extra = {"relay": relay_source(), "proxy_socket": _PROXY_IN_CONTAINER}
+        header = json.dumps({**extra,
             "code": code, "boot": _BOOT, "env": env, "cap": self.limits.output_bytes,
             "cpu_s": max(1, int(self.limits.cpu_s + 0.999)), "wall_s": self.limits.wall_s,
             "files": [[fname, len(data)] for fname, data in items],
@@ -427,7 +442,7 @@ class DockerBackend:
             names = sorted(self._live)
         if names:
             _docker("rm", "-f", *names, host=self._host)
-        remove_leftovers(docker_host=self._host, owner=self._owner)
+        self._finalizer()  # remove_leftovers for this owner, once
         with self._lock:
             self._live.clear()
 

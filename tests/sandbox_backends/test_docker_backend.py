@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import docker_cli
+from conftest import FakeProxy, docker_cli
 
 from arborl.sandbox.base import Limits, SandboxError
 from arborl.sandbox.docker import DockerBackend
@@ -192,3 +192,25 @@ def test_cold_path_and_close_leave_no_container(docker_host: str) -> None:
 def test_bad_file_name_is_refused(backend: DockerBackend) -> None:
     with pytest.raises(ValueError, match="relative path"):
         backend.run_python("print(1)", files={"../escape": b"x"})
+
+
+def test_proxy_socket_is_the_only_way_out(docker_host: str, fake_proxy: FakeProxy) -> None:
+    code = """
+import json, os, socket, urllib.request
+res = {"env": os.environ.get("HTTP_PROXY")}
+res["body"] = urllib.request.urlopen("http://example.invalid/probe?x=1", timeout=5).read().decode()
+try:
+    socket.create_connection(("192.0.2.1", 80), timeout=1)
+    res["direct"] = "connected"
+except OSError as e:
+    res["direct"] = e.errno
+print(json.dumps(res))
+"""
+    with DockerBackend(LIMITS, docker_host=docker_host, pool_size=1, proxy_socket=fake_proxy.path) as b:
+        r = b.run_python(code)
+    assert r.ok, r.stderr
+    res = json.loads(r.stdout)
+    assert res["env"] == "http://127.0.0.1:3128"
+    assert res["body"] == "proxied: GET http://example.invalid/probe?x=1 HTTP/1.1"
+    assert fake_proxy.requests == ["GET http://example.invalid/probe?x=1 HTTP/1.1"]
+    assert res["direct"] == 101  # ENETUNREACH
