@@ -233,6 +233,10 @@ class DockerBackend:
     """
 
     name: ClassVar[str] = "docker"
+    # Every property of the threat suite (tests/sandbox); see the module docstring for how.
+    guarantees: ClassVar[frozenset[str]] = frozenset(
+        {"env", "host_files", "network", "pids", "memory", "disk", "cpu", "orphans", "privileges", "cross_run"}
+    )
 
     def __init__(self, limits: Limits, *, proxy_socket: str | None = None, warm: bool = True,
                  pool_size: int = 2, docker_host: str | None = None, image: str | None = None) -> None:

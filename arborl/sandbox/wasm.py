@@ -63,6 +63,10 @@ class WasmBackend:
     """
 
     name: ClassVar[str] = "wasm"
+    # Every property of the threat suite (tests/sandbox); see the module docstring for how.
+    guarantees: ClassVar[frozenset[str]] = frozenset(
+        {"env", "host_files", "network", "pids", "memory", "disk", "cpu", "orphans", "privileges", "cross_run"}
+    )
 
     def __init__(self, limits: Limits, *, proxy_socket: str | None = None, wasm_path: str | None = None,
                  writable: bool | None = None, pool_size: int = 2) -> None:
