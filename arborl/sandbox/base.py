@@ -24,8 +24,9 @@ class Limits:
     Attributes:
         wall_s: Wall-clock deadline; the run is killed at it and the call returns within ~1 s.
         cpu_s: CPU-time limit (RLIMIT_CPU or equivalent).
-        memory_mb: Memory limit (cgroup where available, else RLIMIT_AS / store limits).
-        pids: Maximum number of processes/threads inside the sandbox.
+        memory_mb: Memory limit (cgroup where available, else RLIMIT_AS / store limits). Files
+            written to a tmpfs scratch count against it too.
+        pids: Maximum number of processes/threads of the snippet (its main process included).
         disk_mb: Total bytes the snippet may write to its scratch space.
         output_bytes: Cap on each of stdout and stderr kept by the caller; the rest is dropped.
     """
@@ -49,7 +50,8 @@ class ExecResult:
     """Outcome of one snippet run.
 
     Attributes:
-        ok: Exit code 0 and no limit hit.
+        ok: Exit code 0, not killed at a limit and no sandbox error. Truncated output alone does
+            not clear it; check ``output_truncated`` when the full output matters.
         exit_code: Process exit code (negative signal number if killed by a signal).
         stdout: Captured standard output (decoded UTF-8, errors replaced), capped.
         stderr: Captured standard error, capped.

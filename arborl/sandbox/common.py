@@ -29,8 +29,9 @@ NOBODY_UID = 65534
 NOBODY_GID = 65534
 # Where the proxy's unix socket appears inside the sandbox.
 PROXY_SOCKET_IN_SANDBOX = "/run/arborl/proxy.sock"
-# Tasks a run needs besides the snippet's own (bwrap monitor + pid-1 reaper + the relay thread).
-PIDS_OVERHEAD = 4
+# Tasks bwrap itself keeps in the run's pids cgroup (its monitor and its pid-1 reaper), so that
+# ``Limits.pids`` counts exactly the snippet's own processes and threads (the relay thread too).
+BWRAP_PIDS_OVERHEAD = 2
 SANDBOX_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "HOME": "/tmp",
@@ -208,7 +209,8 @@ def run_once(
     """
     start = time.monotonic()
     factory = cgroups.detect()
-    cg = factory.create(memory_mb=limits.memory_mb, pids=limits.pids + PIDS_OVERHEAD) if factory else None
+    overhead = BWRAP_PIDS_OVERHEAD if via_bwrap else 0
+    cg = factory.create(memory_mb=limits.memory_mb, pids=limits.pids + overhead) if factory else None
     try:
         preexec = make_preexec(
             cg.procs_paths() if cg else [], rlimits(limits, cgroup=cg is not None), before_drop, after_drop
@@ -267,7 +269,7 @@ def _supervise(
     timed_out = cap.timed_out or code in (-signal.SIGXCPU,)
     memory = oom or (cg is None and stderr.rstrip().endswith("MemoryError"))
     return ExecResult(
-        ok=code == 0 and not (timed_out or memory or cap.truncated),
+        ok=code == 0 and not (timed_out or memory),
         exit_code=code,
         stdout=cap.text(out_fd),
         stderr=stderr,

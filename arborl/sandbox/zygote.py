@@ -132,7 +132,7 @@ class _Worker:
         config = {
             "launcher_src": common.launcher_source(), "bpf": bpf, "preload": list(preload),
             "cg_count": len(zygote_dirs), "cg_version": self.cg.version if self.cg else 0,
-            "memory_mb": self.limits.memory_mb, "pids": self.limits.pids + common.PIDS_OVERHEAD,
+            "memory_mb": self.limits.memory_mb, "pids": self.limits.pids,
             "disk_mb": self.limits.disk_mb, "wall_s": self.limits.wall_s, "cpu_s": self.limits.cpu_s,
         }  # fmt: skip
         data = pickle.dumps(config)
@@ -179,7 +179,7 @@ class _Worker:
         timed_out = cap.timed_out or bool(reply.get("timed_out"))
         memory = bool(reply.get("memory_exceeded")) or (self.cg is None and stderr.rstrip().endswith("MemoryError"))
         result = ExecResult(
-            ok=code == 0 and not (timed_out or memory or cap.truncated or error),
+            ok=code == 0 and not (timed_out or memory or error),
             exit_code=code if reply else -signal.SIGKILL,
             stdout=cap.text(out_r), stderr=stderr, timed_out=timed_out, memory_exceeded=memory,
             output_truncated=cap.truncated, duration_s=time.monotonic() - start, backend="zygote", error=error,
