@@ -38,8 +38,8 @@ CHAT_TEMPLATE = (
     "{{ raise_exception('role ' ~ message['role'] ~ ' is not supported; use system, user or assistant') }}"
     "{%- endif -%}"
     "<|{{ message['role'] }}|> {{ message['content'] }} <|end|> "
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<|assistant|> {% endif -%}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|> {% endif %}"
 )
 """Jinja chat template of the word-level tokenizer (whitespace between parts is cosmetic)."""
 

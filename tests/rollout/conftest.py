@@ -9,7 +9,7 @@ import pytest
 from arborl.env.base import StepResult
 from arborl.policy import ChatRenderer, ModelConfig, build_model, train_tokenizer
 
-WORDS = "go left right up down wait the step of is now a an board cell".split()
+WORDS = ["go", "left", "right", "up", "down", "wait", "the", "step", "of", "is", "now", "a", "an", "board", "cell"]
 SYSTEM = "you are an agent on a board"
 
 
