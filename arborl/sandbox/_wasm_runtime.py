@@ -158,7 +158,10 @@ def compiled_module(wasm_path: str) -> str:
     Raises:
         SandboxError: The cache directory is not private to this user.
     """
-    import wasmtime
+    try:
+        import wasmtime
+    except ImportError as exc:
+        raise SandboxError("the wasmtime package is missing; pip install 'arborl[sandbox]'") from exc
 
     version = importlib.metadata.version("wasmtime")
     directory = cache_dir()

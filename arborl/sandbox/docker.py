@@ -48,7 +48,7 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar
 
-from arborl.sandbox._docker_image import ensure_image, image_exists
+from arborl.sandbox._docker_image import ensure_image
 from arborl.sandbox.base import ExecResult, Limits, SandboxError
 from arborl.sandbox.common import PROXY_SOCKET_IN_SANDBOX, check_proxy_socket, relay_source, validate_files
 
@@ -274,10 +274,7 @@ class DockerBackend:
             return "docker daemon did not answer within 10 s; restart dockerd (scripts/setup/docker.sh)"
         if r.returncode != 0:
             return f"docker daemon unreachable ({r.stderr.strip()[:200]}); start it with scripts/setup/docker.sh"
-        if not image_exists(docker_host=docker_host):
-            # Not fatal: the constructor builds it. Probing stays side-effect free.
-            return None
-        return None
+        return None  # a missing image is not fatal: the constructor builds it (ensure_image)
 
     # -- containers -------------------------------------------------------------------------
 
@@ -359,32 +356,44 @@ class DockerBackend:
             raise SandboxError("DockerBackend is closed; create a new one")
         t0 = time.monotonic()
         payload = self._payload(code, stdin, files)
-        if self.warm:
+        res = self._run_warm(payload) if self.warm else self._run_cold(payload)
+        res.duration_s = time.monotonic() - t0
+        return res
+
+    def _run_warm(self, payload: bytes) -> ExecResult:
+        for attempt in range(2):
             try:
                 name = self._idle.get(timeout=2.0)
             except queue.Empty:
                 name = self._start_container()  # pool drained by concurrent callers
-            cmd = ["exec", "-i", "-u", "65534:65534", "-w", "/scratch", name]
-        else:
-            name = f"arborl-sbx-{uuid.uuid4().hex[:12]}"
-            with self._lock:
-                self._live.add(name)
-            cmd = ["run", "--rm", "-i", "--init", "--name", name, *self._security_args(), self._image]
-        cmd = ["docker", *(["--host", self._host] if self._host else []), *cmd,
-               "/usr/bin/python3", "-I", "-S", "-c", _RUNNER]
-        out, err, rc, killed = self._drive(cmd, payload, name)
-        res = self._parse(out, err, rc, killed)
-        res.duration_s = time.monotonic() - t0
-        if self.warm and not killed and res.error is None:
-            self._idle.put(name)
-        elif self.warm:
+            cmd = self._cli("exec", "-i", "-u", "65534:65534", "-w", "/scratch", name)
+            out, err, rc, killed = self._drive(cmd, payload, name)
+            res = self._parse(out, err, rc, killed)
+            if not killed and res.error is None:
+                self._idle.put(name)
+                return res
             self._recycle(name)
-        else:
-            if killed:
-                self._destroy(name)
-            with self._lock:
-                self._live.discard(name)
+            # A container that died between runs (its pid 1 gone) never started the runner:
+            # that is not this snippet's doing, so run it once more on another container.
+            if killed or out or b"is not running" not in err or attempt:
+                return res
         return res
+
+    def _run_cold(self, payload: bytes) -> ExecResult:
+        name = f"arborl-sbx-{uuid.uuid4().hex[:12]}"
+        with self._lock:
+            self._live.add(name)
+        cmd = self._cli("run", "--rm", "-i", "--init", "--name", name, *self._security_args(), self._image)
+        out, err, rc, killed = self._drive(cmd, payload, name)
+        if killed:
+            self._destroy(name)
+        with self._lock:
+            self._live.discard(name)
+        return self._parse(out, err, rc, killed)
+
+    def _cli(self, *args: str) -> list[str]:
+        return ["docker", *(["--host", self._host] if self._host else []), *args,
+                "/usr/bin/python3", "-I", "-S", "-c", _RUNNER]
 
     def _drive(self, cmd: list[str], payload: bytes, name: str) -> tuple[bytes, bytes, int, bool]:
         """Run the CLI, feed the payload, read capped output; kill the container at the deadline."""

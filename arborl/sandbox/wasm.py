@@ -75,8 +75,7 @@ class WasmBackend:
                                "use the bwrap or docker backend for runs that need the proxy")
         if pool_size < 1:
             raise ValueError(f"pool_size must be >= 1, got {pool_size}")
-        reason = self.probe()
-        if reason is not None and wasm_path is None:
+        if wasm_path is None and (reason := self.probe()) is not None:
             raise SandboxError(reason)
         self.limits = limits
         self.writable = rt.can_mount_tmpfs() if writable is None else writable
@@ -213,7 +212,8 @@ class WasmBackend:
         code = int(status["exit"])  # type: ignore[call-overload]
         trap = str(status.get("trap") or "")
         timed_out = "interrupt" in trap
-        memory = bool(status.get("memory_full")) and (code != 0 or bool(trap)) or (
+        # Linear memory at the store limit and a failed run, or CPython's own MemoryError.
+        memory = (bool(status.get("memory_full")) and (code != 0 or bool(trap))) or (
             code == 1 and "MemoryError" in stderr[-2000:])
         if trap and not timed_out:
             stderr += f"\n[wasm trap] {trap}\n"

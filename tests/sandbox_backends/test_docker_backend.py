@@ -214,3 +214,11 @@ print(json.dumps(res))
     assert res["body"] == "proxied: GET http://example.invalid/probe?x=1 HTTP/1.1"
     assert fake_proxy.requests == ["GET http://example.invalid/probe?x=1 HTTP/1.1"]
     assert res["direct"] == 101  # ENETUNREACH
+
+
+def test_a_dead_pool_container_is_replaced_without_failing_the_run(docker_host: str) -> None:
+    with DockerBackend(LIMITS, docker_host=docker_host, pool_size=1) as b:
+        victim = b._idle.queue[0]
+        docker_cli(docker_host, "kill", victim)  # dies between runs, e.g. its pid 1 was killed
+        r = b.run_python("print('fine')")
+        assert (r.stdout, r.error) == ("fine\n", None)
