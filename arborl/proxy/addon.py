@@ -11,10 +11,12 @@ Hooks, in the order mitmproxy calls them:
   the resolved-address rule, so a refusal is a 403 that says why.
 * ``request``: actual request size; in ``replay`` the response comes from the cache, and a miss
   is a 504 naming the missing key.
-* ``server_connect``: the last gate before a socket to upstream is opened. The host is resolved
-  once more, every address is checked, and the connection is pinned to the checked address, so
-  DNS rebinding between the checks above and the connect cannot reach a private address. In
-  ``replay`` every connection is refused here.
+* ``server_connect``: the last gate before a socket to upstream is opened: host and addresses
+  are checked again (with a readable error). In ``replay`` every connection is refused here.
+* the resolver guard (``install_resolver_guard``): the event loop's ``getaddrinfo``, which
+  mitmproxy's connect uses, only ever returns addresses that pass the rule. So the address
+  connected to is the address checked, and DNS rebinding between the checks above and the
+  connect cannot reach a private address.
 * ``server_connected``: defence in depth; the peer address actually connected to is checked.
 * ``response``: response size; in ``record`` the response is stored.
 
@@ -131,8 +133,8 @@ class ArborlAddon:
             else None
         )
         self.stats: dict[str, int] = dict.fromkeys(COUNTERS, 0)
-        # The host name each upstream connection was opened for, before its address was pinned.
-        self._origin: dict[str, str] = {}
+        # Unfiltered resolver, set by install_resolver_guard (the loop's own until then).
+        self._raw_getaddrinfo: Any = None
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -150,7 +152,8 @@ class ArborlAddon:
         if override is not None:
             return [ipaddress.ip_address(override)], ""
         try:
-            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            resolver = self._raw_getaddrinfo or asyncio.get_running_loop().getaddrinfo
+            infos = await resolver(host, port, type=socket.SOCK_STREAM)
         except OSError as exc:
             return [], f"cannot resolve {host!r}: {exc}"
         seen: dict[str, policy_mod.IPAddress] = {}
@@ -274,7 +277,7 @@ class ArborlAddon:
             self.stats["recorded"] += 1
 
     async def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
-        """Resolve, check and pin the upstream address; refuse everything in replay mode."""
+        """Check the upstream host and its addresses before connecting; refuse all in replay mode."""
         if data.server.address is None:
             return
         host, port = data.server.address
@@ -283,29 +286,63 @@ class ArborlAddon:
             data.server.error = "arborl proxy: replay mode makes no upstream connections"
             return
         decision = self.s.policy.check_host(host)
-        addrs: list[Any] = []
         if decision.allowed:
-            decision, addrs = await self._check_destination(host, port)
+            decision, _ = await self._check_destination(host, port)
         if not decision.allowed:
             self.stats["upstream_blocked"] += 1
             data.server.error = f"arborl proxy: {decision.reason}"
-            return
-        if policy_mod.ip_literal(host) is None and data.server.sni is None:
-            data.server.sni = host  # keep TLS verification on the name after pinning the address
-        self._origin[data.server.id] = host
-        data.server.address = (str(addrs[0]), port)
 
     def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
-        """Count real upstream connections and re-check the peer actually reached."""
+        """Count real upstream connections; re-check the peer actually reached (defence in depth)."""
         self.stats["upstream_connections"] += 1
         peer = data.server.peername
-        if not peer:
+        if not peer or data.server.address is None:
             return
         ip = ipaddress.ip_address(str(peer[0]).split("%", 1)[0])
-        host = self._origin.pop(data.server.id, str(ip))
-        if not self.s.policy.check_addresses(host, int(peer[1]), [ip]).allowed:
+        if not self.s.policy.check_addresses(data.server.address[0], int(peer[1]), [ip]).allowed:
+            # Unreachable while the resolver guard is installed; counted so a test would notice.
             self.stats["upstream_blocked"] += 1
             data.server.error = f"arborl proxy: connected peer {ip} is not a public address"
+
+    # -- resolver guard --------------------------------------------------------------------------
+
+    def install_resolver_guard(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Make every name resolution on ``loop`` apply the overrides and the address rule.
+
+        mitmproxy opens upstream sockets with ``asyncio.open_connection(host, port)``, which
+        resolves through ``loop.getaddrinfo``. Wrapping that method means the addresses actually
+        connected to are exactly the ones checked, in the same call: a DNS-rebinding answer that
+        changes between ``server_connect``'s check and the connect is filtered here, and the
+        static ``resolve`` overrides reach mitmproxy too. IP literals skip resolution in asyncio;
+        they were checked as literals.
+
+        Args:
+            loop: The event loop mitmproxy runs on.
+        """
+        self._raw_getaddrinfo = loop.getaddrinfo
+
+        async def guarded(host: Any, port: Any, *args: Any, **kwargs: Any) -> list[Any]:
+            name = host.decode() if isinstance(host, bytes) else str(host)
+            override = self.s.resolve.get(policy_mod.normalise_host(name))
+            if override is not None:
+                ip = ipaddress.ip_address(override)
+                family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+                sockaddr = (override, int(port), 0, 0) if ip.version == 6 else (override, int(port))
+                infos = [(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", sockaddr)]
+            else:
+                infos = await self._raw_getaddrinfo(host, port, *args, **kwargs)
+            kept = [
+                info
+                for info in infos
+                if self.s.policy.check_addresses(
+                    name, int(port or 0), [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])]
+                ).allowed
+            ]
+            if not kept:
+                raise OSError(f"arborl proxy: every address of {name!r} is non-public; refused")
+            return kept
+
+        loop.getaddrinfo = guarded  # type: ignore[method-assign]
 
     def error(self, flow: http.HTTPFlow) -> None:
         """Count flows that ended in an error (upstream refused, body limit hit, ...)."""

@@ -86,6 +86,8 @@ class ProxyConfig:
     https_intercept: bool = True
     """Decrypt HTTPS with the proxy CA so it can be filtered per URL and cached. False tunnels
     CONNECT as opaque bytes (host policy only, no caching; impossible in ``replay``)."""
+    upstream_ca: str | None = None
+    """PEM bundle of CAs trusted for upstream TLS instead of the system store (e.g. a private CA)."""
     confdir: str | None = None
     """mitmproxy's directory holding its CA; default ``~/.cache/arborl/proxy-ca``."""
     state_dir: str | None = None

@@ -161,6 +161,7 @@ def _configure(master: Any, cfg: dict[str, Any]) -> None:
         connection_strategy="lazy" if cfg["mode"] == "replay" else "eager",
         ignore_hosts=[] if cfg["https_intercept"] else [".*"],
         ssl_insecure=False,
+        ssl_verify_upstream_trusted_ca=cfg["upstream_ca"],
     )
 
 
@@ -175,6 +176,7 @@ async def serve(cfg: dict[str, Any], watch_stdin: bool) -> None:
     _configure(master, cfg)
     master.addons.add(addon, Runtime(cfg, addon))
     loop = asyncio.get_running_loop()
+    addon.install_resolver_guard(loop)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, master.shutdown)
     if watch_stdin:

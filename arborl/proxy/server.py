@@ -112,8 +112,16 @@ class ProxyServer:
             )
         if cache_path:
             os.makedirs(os.path.dirname(cache_path), exist_ok=True)
+        upstream_ca = os.path.abspath(cfg.upstream_ca) if cfg.upstream_ca else None
+        if upstream_ca and not os.path.isfile(upstream_ca):
+            raise FileNotFoundError(f"upstream_ca {upstream_ca!r} is not a file; point it at a PEM bundle")
         return replace(
-            cfg, state_dir=state_dir, socket_path=socket_path, confdir=confdir, cache_path=cache_path
+            cfg,
+            state_dir=state_dir,
+            socket_path=socket_path,
+            confdir=confdir,
+            cache_path=cache_path,
+            upstream_ca=upstream_ca,
         )
 
     def start(self) -> ProxyServer:
