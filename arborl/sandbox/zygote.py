@@ -41,8 +41,10 @@ import signal
 import socket
 import struct
 import subprocess
+import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import ClassVar
 
@@ -83,6 +85,10 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
+class _WorkerGone(SandboxError):
+    """The worker died between requests (nothing of the run started); retry on a fresh one."""
+
+
 class _Worker:
     """One zygote process, its socket and its cgroups."""
 
@@ -121,9 +127,11 @@ class _Worker:
         self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         argv += ["--", common.SYSTEM_PYTHON, "-I", "-B", "-c", server_src, str(child.fileno())]
         procs = [os.path.join(z, "cgroup.procs") for z in zygote_dirs]
+        # The zygote's own stderr (never the snippet's) goes to an unlinked file, quoted on failure.
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
         try:
             self.proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log,
                 env={"PATH": "/usr/bin:/bin"}, preexec_fn=common.make_preexec_join(procs),
                 start_new_session=True, pass_fds=(child.fileno(),), cwd="/",
             )  # fmt: skip
@@ -140,7 +148,7 @@ class _Worker:
         try:
             _recv_msg(self.sock, _START_TIMEOUT_S)
         except (OSError, EOFError, ValueError) as exc:
-            raise SandboxError(f"zygote worker did not start ({exc!r}); check: {BwrapBackend.probe()}") from exc
+            raise SandboxError(f"zygote worker did not start ({exc!r}): {self.log_tail()}") from exc
 
     def run(self, request: bytes) -> tuple[ExecResult, bool]:
         """Run one request; return the result and whether the worker is still usable."""
@@ -154,7 +162,7 @@ class _Worker:
             try:
                 socket.send_fds(self.sock, [b"REQUEST\0"], [out_w, err_w, payload])
             except OSError as exc:
-                raise SandboxError(f"zygote worker is gone ({exc}); it will be restarted") from exc
+                raise _WorkerGone(f"zygote worker is gone ({exc})") from exc
         finally:
             for fd in (payload, out_w, err_w):
                 os.close(fd)
@@ -175,7 +183,7 @@ class _Worker:
         if code == 125 and "arborl-zygote: sandbox setup failed" in stderr:
             error = error or stderr.strip().splitlines()[-1]
         if not reply and not cap.timed_out:
-            error = error or "zygote worker died during the run"
+            error = error or f"zygote worker died during the run: {self.log_tail()}"
         timed_out = cap.timed_out or bool(reply.get("timed_out"))
         memory = bool(reply.get("memory_exceeded")) or (self.cg is None and stderr.rstrip().endswith("MemoryError"))
         result = ExecResult(
@@ -185,6 +193,15 @@ class _Worker:
             output_truncated=cap.truncated, duration_s=time.monotonic() - start, backend="zygote", error=error,
         )  # fmt: skip
         return result, healthy
+
+    def log_tail(self, n: int = 1500) -> str:
+        """The end of the zygote's own stderr (for error messages)."""
+        try:
+            self.log.seek(0, os.SEEK_END)
+            self.log.seek(max(0, self.log.tell() - n))
+            return self.log.read().decode(errors="replace").strip() or "(no output)"
+        except (AttributeError, OSError):
+            return "(no log)"
 
     def kill(self) -> None:
         """Kill the whole worker: bwrap, the zygote, and every request process."""
@@ -205,6 +222,8 @@ class _Worker:
         self.kill()
         with contextlib.suppress(AttributeError, OSError):
             self.sock.close()
+        with contextlib.suppress(AttributeError, OSError):
+            self.log.close()
         if self.cg is not None:
             self.cg.remove()
 
@@ -248,10 +267,13 @@ class ZygoteBackend:
         self._idle: list[_Worker] = []
         self._closed = False
         self._count = 1
+        # bwrap's --die-with-parent fires when the *thread* that spawned it exits, so every worker
+        # is spawned from this one long-lived thread, never from a caller's short-lived thread.
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arborl-zygote-spawner")
         self._release(self._new_worker())
 
     def _new_worker(self) -> _Worker:
-        return _Worker(self.limits, self._bpf, self.proxy_socket, self._preload)
+        return self._spawner.submit(_Worker, self.limits, self._bpf, self.proxy_socket, self._preload).result()
 
     def _acquire(self) -> _Worker:
         with self._cond:
@@ -287,13 +309,18 @@ class ZygoteBackend:
         request = common.make_request(
             code, stdin, files, common.PROXY_SOCKET_IN_SANDBOX if self.proxy_socket else None
         )
-        worker = self._acquire()
-        healthy = False
-        try:
-            result, healthy = worker.run(request)
-            return result
-        finally:
-            self._release(worker, healthy)
+        for attempt in range(2):
+            worker = self._acquire()
+            healthy = False
+            try:
+                result, healthy = worker.run(request)
+                return result
+            except _WorkerGone:
+                if attempt:
+                    raise
+            finally:
+                self._release(worker, healthy)
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         """Stop every worker."""
@@ -303,3 +330,4 @@ class ZygoteBackend:
             self._cond.notify_all()
         for worker in idle:
             worker.close()
+        self._spawner.shutdown(wait=False)
