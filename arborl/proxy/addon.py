@@ -133,6 +133,7 @@ class ArborlAddon:
             else None
         )
         self.stats: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self._spent = 0  # requests charged to max_requests (a CONNECT is charged only if opaque)
         # Unfiltered resolver, set by install_resolver_guard (the loop's own until then).
         self._raw_getaddrinfo: Any = None
 
@@ -169,14 +170,12 @@ class ArborlAddon:
         return self.s.policy.check_addresses(host, port, addrs), addrs
 
     def _take_budget(self) -> str:
-        """Spend one request of the rate limit and budget; returns a refusal reason or ''."""
-        if (
-            self.s.max_requests is not None
-            and self.stats["requests"] + self.stats["connects"] > self.s.max_requests
-        ):
+        """Charge one request to the budget and the rate limit; returns a refusal reason or ''."""
+        if self.s.max_requests is not None and self._spent >= self.s.max_requests:
             return f"request budget of {self.s.max_requests} exhausted"
         if self.bucket is not None and not self.bucket.take():
             return f"rate limit of {self.s.rate_limit_per_s}/s (burst {self.s.rate_limit_burst}) exceeded"
+        self._spent += 1
         return ""
 
     # -- hooks -----------------------------------------------------------------------------------

@@ -103,6 +103,7 @@ class ProxyServer:
         os.makedirs(state_dir, exist_ok=True)
         os.chmod(state_dir, 0o711)  # others may traverse to the socket but not list the dir
         socket_path = cfg.socket_path or os.path.join(state_dir, "proxy.sock")
+        os.makedirs(os.path.dirname(os.path.abspath(socket_path)), exist_ok=True)
         confdir = cfg.confdir or str(default_confdir())
         os.makedirs(confdir, exist_ok=True)
         cache_path = os.path.abspath(cfg.cache_path) if cfg.cache_path else None
@@ -155,6 +156,9 @@ class ProxyServer:
             stdout=subprocess.PIPE,
             stderr=self._log,
             close_fds=True,
+            # Own session: a terminal's Ctrl-C reaches only the parent, which then stops the proxy
+            # in order. If the parent dies instead, the proxy sees EOF on stdin and exits.
+            start_new_session=True,
         )
         try:
             self._ready = self._wait_ready(cfg.start_timeout_s)

@@ -7,8 +7,12 @@ The upstream sits on loopback, so each test that must reach it names it in ``all
 
 from __future__ import annotations
 
+import shutil
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -251,3 +255,41 @@ def test_unix_socket_through_in_sandbox_relay(start_proxy: Start, upstream: Upst
         server.shutdown()
         server.server_close()
     assert upstream.hits == 1
+
+
+PARENT = """
+import sys, time
+from arborl.proxy import ProxyConfig, ProxyServer
+proxy = ProxyServer(ProxyConfig(allow=("x.test",))).start()
+print(proxy.pid, proxy.config.state_dir, flush=True)
+time.sleep(120)
+"""
+
+
+def _running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (an exited child nobody has reaped yet)."""
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
+def test_proxy_exits_when_its_parent_is_killed(proxy_venv: str) -> None:
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
+    state_dir = ""
+    try:
+        assert parent.stdout is not None
+        pid_s, state_dir = parent.stdout.readline().split()
+        pid = int(pid_s)
+        assert _running(pid)
+        parent.kill()  # SIGKILL: no cleanup code runs in the parent
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(pid), "proxy outlived its parent"
+        assert not Path(state_dir, "proxy.sock").exists()  # it shut down in order, removing its socket
+    finally:
+        parent.kill()
+        if state_dir:
+            shutil.rmtree(state_dir, ignore_errors=True)
