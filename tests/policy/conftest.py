@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
@@ -46,3 +47,13 @@ def chatml_tokenizer() -> PreTrainedTokenizerFast:
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     tok.chat_template = CHATML_TEMPLATE
     return tok
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared CPU the threads' barriers
+    make every small op wait for a descheduled thread (measured 10x slower under load)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

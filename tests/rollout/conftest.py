@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 
 from arborl.env.base import StepResult
 from arborl.policy import ChatRenderer, ModelConfig, build_model, train_tokenizer
@@ -72,3 +73,13 @@ def renderer(tokenizer):
 def model(tokenizer):
     return build_model(ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                                    intermediate_size=128, max_position_embeddings=1024), tokenizer, seed=0)
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared CPU the threads' barriers
+    make every small op wait for a descheduled thread (measured 10x slower under load)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
