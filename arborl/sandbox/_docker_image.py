@@ -1,4 +1,5 @@
-"""Builds the docker sandbox image locally, without a registry: ``docker import`` of a tiny rootfs.
+"""The docker sandbox image, built locally without a registry (``docker import`` of a tiny rootfs),
+and the three small programs that run in it: the pid-1 reaper, the per-run runner, the snippet boot.
 
 The rootfs holds only what ``python3`` needs: the host's interpreter binary, the shared libraries
 that it and its stdlib extension modules load (found with ``ldd``), the stdlib (without tests,
@@ -147,3 +148,152 @@ def ensure_image(*, docker_host: str | None = None, python: str = HOST_PYTHON) -
     return tag
 
 
+# -- programs run inside the container (passed with ``python3 -c``; stdlib only) ------------
+
+# pid 1 of a warm container: reaps orphans and otherwise sleeps. As pid 1 of its pid namespace it
+# ignores signals it has no handler for, so the runner's kill(-1) never stops the container. It
+# exits (and ``--rm`` removes the container) after idle_ttl_s without any other process, so a
+# pool whose owner was SIGKILLed (no close(), no finalizer) does not outlive it for long.
+REAPER = """
+import os, signal, sys, time
+ttl = float(sys.argv[1])
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
+last = time.monotonic()
+while True:
+    signal.sigtimedwait([signal.SIGCHLD], 1.0)  # wakes at once when an orphan dies
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+    if any(p.isdigit() and p != "1" for p in os.listdir("/proc")):
+        last = time.monotonic()
+    elif time.monotonic() - last > ttl:
+        sys.exit(0)
+"""
+
+# Started by the runner as the snippet's interpreter. The snippet arrives on fd 3 (a memfd) so
+# its size is not bound by argv limits; it runs in __main__ so pickling and threads behave.
+BOOT = """
+def _boot():
+    import linecache, os, sys, traceback
+    src = os.fdopen(3, encoding="utf-8", errors="replace").read()
+    linecache.cache["<snippet>"] = (len(src), None, src.splitlines(True), "<snippet>")
+    sys.argv[:] = ["<snippet>"]
+    sys.path.insert(0, "")
+    main = sys.modules["__main__"].__dict__
+    del main["_boot"]
+    try:
+        exec(compile(src, "<snippet>", "exec"), main)
+    except SystemExit:
+        raise
+    except BaseException as e:
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != "<snippet>":
+            tb = tb.tb_next
+        traceback.print_exception(type(e), e, tb)
+        sys.exit(1)
+_boot()
+"""
+
+# The per-run runner (uid 65534, inside the container). Protocol: stdin = 8-byte header length,
+# JSON header, the files' bytes back to back, then the snippet's stdin. stdout = frames of
+# 1-byte kind ("o"ut, "e"rr, "x" = final JSON status) + 4-byte length + data.
+RUNNER = r"""
+import json, os, resource, selectors, signal, struct, subprocess, sys, time
+def readn(n):
+    buf = bytearray()
+    while len(buf) < n:
+        b = os.read(0, n - len(buf))
+        if not b:
+            sys.exit(70)
+        buf += b
+    return bytes(buf)
+def frame(kind, data):
+    view = memoryview(kind + struct.pack(">I", len(data)) + data)
+    while view:
+        view = view[os.write(1, view):]
+def killall():
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+def wipe(root):
+    for dirpath, dirs, _ in os.walk(root):
+        for d in dirs:
+            try:
+                os.chmod(os.path.join(dirpath, d), 0o700)
+            except OSError:
+                pass
+    for name in os.listdir(root):
+        p = os.path.join(root, name)
+        if os.path.isdir(p) and not os.path.islink(p):
+            import shutil
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+    return not os.listdir(root)
+def oom_kills():
+    try:
+        with open("/sys/fs/cgroup/memory/memory.oom_control") as f:
+            return int(dict(l.split() for l in f)["oom_kill"])
+    except (OSError, KeyError, ValueError):
+        return -1
+req = json.loads(readn(struct.unpack(">Q", readn(8))[0]))
+killall()
+if not wipe("/scratch"):
+    frame(b"x", json.dumps({"error": "scratch not clean"}).encode())
+    sys.exit(71)
+for name, size in req["files"]:
+    path = os.path.join("/scratch", name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(readn(size))
+code = os.memfd_create("snippet", 0)
+os.write(code, req["code"].encode("utf-8", "surrogatepass"))
+os.lseek(code, 0, 0)
+if code != 3:
+    os.dup2(code, 3, inheritable=True)
+if req.get("relay"):  # proxy: HTTP(S)_PROXY=127.0.0.1:3128 in here -> the bind-mounted unix socket
+    import threading
+    ns = {"__name__": "arborl_relay"}
+    exec(compile(req["relay"], "arborl_relay.py", "exec"), ns)
+    relay = ns["make_server"](req["proxy_socket"], 3128)
+    threading.Thread(target=relay.serve_forever, daemon=True).start()
+cpu = req["cpu_s"]
+def limit():
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+oom0 = oom_kills()
+t0 = time.monotonic()
+p = subprocess.Popen([sys.executable, "-I", "-S", "-c", req["boot"]], stdout=subprocess.PIPE,
+                     stderr=subprocess.PIPE, pass_fds=(3,), cwd="/scratch", env=req["env"],
+                     start_new_session=True, preexec_fn=limit)
+sel = selectors.DefaultSelector()
+sel.register(p.stdout, selectors.EVENT_READ, b"o")
+sel.register(p.stderr, selectors.EVENT_READ, b"e")
+sent = {b"o": 0, b"e": 0}
+trunc = False
+wall = False
+cap = req["cap"]
+while sel.get_map():
+    if p.poll() is not None or time.monotonic() - t0 > req["wall_s"]:
+        wall = wall or p.poll() is None
+        killall()
+    for key, _ in sel.select(0.05):
+        data = os.read(key.fd, 65536)
+        if not data:
+            sel.unregister(key.fileobj)
+            continue
+        keep = data[: max(0, cap - sent[key.data])]
+        trunc = trunc or len(keep) < len(data)
+        sent[key.data] += len(keep)
+        if keep:
+            frame(key.data, keep)
+rc = p.wait()
+killall()
+frame(b"x", json.dumps({"rc": rc, "trunc": trunc, "wall": wall,
+                        "oom": oom_kills() - oom0 if oom0 >= 0 else 0}).encode())
+"""

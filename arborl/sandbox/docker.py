@@ -7,14 +7,16 @@ uid/gid 65534, a cgroup memory limit (swap off), a pids limit, ``--ipc none`` (s
 ``/dev/shm``) and one writable place: a size-capped ``noexec`` tmpfs at ``/scratch``. The
 container's own pid namespace means everything the snippet starts can be found and killed.
 
-Per run. A small runner (``_RUNNER``, run as uid 65534 via ``docker exec``) kills every leftover
-process of the sandbox user, empties ``/scratch``, writes the caller's files, then starts the
-snippet in a fresh interpreter with ``RLIMIT_CPU`` and relays its stdout/stderr as framed, capped
-chunks. When the snippet exits (or hits the wall deadline) the runner kills every other process
-of the sandbox user, so a double-forked daemon cannot outlive its run nor hold the pipes open.
-If anything goes wrong (host-side deadline, runner killed, broken framing, unclean scratch) the
-container is destroyed with ``docker kill`` + ``docker rm`` and replaced in the background: the
-docker CLI dying never stops a container by itself, so the kill is always explicit.
+Per run. A small runner (``RUNNER`` in ``_docker_image.py``, run as uid 65534 via ``docker
+exec``) kills every leftover process of the sandbox user, empties ``/scratch``, writes the
+caller's files, then starts the snippet in a fresh interpreter with ``RLIMIT_CPU`` and relays its
+stdout/stderr as framed, capped chunks. When the snippet exits (or hits the wall deadline) the
+runner kills every other process of the sandbox user, so a double-forked daemon cannot outlive
+its run nor hold the pipes open. If anything goes wrong (host-side deadline, runner killed,
+broken framing, unclean scratch) the container is destroyed with ``docker kill`` and replaced in
+the background: the docker CLI dying never stops a container by itself, so the kill is always
+explicit. Pool containers run with ``--rm`` and their pid 1 exits after ``idle_ttl_s`` without
+a run, so even a SIGKILLed owner leaves nothing behind for long.
 
 Cleanliness guarantee between runs on one container: no process of a previous run survives
 (``kill(-1)`` as the sandbox user; pid 1 is immune and only reaps), ``/scratch`` is emptied and
@@ -48,7 +50,7 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar
 
-from arborl.sandbox._docker_image import ensure_image
+from arborl.sandbox._docker_image import BOOT, REAPER, RUNNER, ensure_image
 from arborl.sandbox.base import ExecResult, Limits, SandboxError
 from arborl.sandbox.common import PROXY_SOCKET_IN_SANDBOX, check_proxy_socket, relay_source, validate_files
 
@@ -59,144 +61,6 @@ _PROXY_IN_CONTAINER = PROXY_SOCKET_IN_SANDBOX
 _PROXY_URL = "http://127.0.0.1:3128"  # the relay inside the container (arborl/proxy/relay.py)
 _GRACE_S = 0.7  # host-side backstop after the runner's own wall kill
 _DOCKER_CALL_S = 30.0
-
-# pid 1 of a warm container: reaps orphans and otherwise sleeps. As pid 1 of its pid namespace it
-# ignores signals it has no handler for, so the runner's kill(-1) never stops the container.
-_REAPER = """
-import os, time
-while True:
-    try:
-        os.wait()
-    except ChildProcessError:
-        time.sleep(0.2)
-"""
-
-# Started by the runner as the snippet's interpreter. The snippet arrives on fd 3 (a memfd) so
-# its size is not bound by argv limits; it runs in __main__ so pickling and threads behave.
-_BOOT = """
-def _boot():
-    import linecache, os, sys, traceback
-    src = os.fdopen(3, encoding="utf-8", errors="replace").read()
-    linecache.cache["<snippet>"] = (len(src), None, src.splitlines(True), "<snippet>")
-    sys.argv[:] = ["<snippet>"]
-    sys.path.insert(0, "")
-    main = sys.modules["__main__"].__dict__
-    del main["_boot"]
-    try:
-        exec(compile(src, "<snippet>", "exec"), main)
-    except SystemExit:
-        raise
-    except BaseException as e:
-        tb = e.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename != "<snippet>":
-            tb = tb.tb_next
-        traceback.print_exception(type(e), e, tb)
-        sys.exit(1)
-_boot()
-"""
-
-# The per-run runner (uid 65534, inside the container). Protocol: stdin = 8-byte header length,
-# JSON header, the files' bytes back to back, then the snippet's stdin. stdout = frames of
-# 1-byte kind ("o"ut, "e"rr, "x" = final JSON status) + 4-byte length + data.
-_RUNNER = r"""
-import json, os, resource, selectors, signal, struct, subprocess, sys, time
-def readn(n):
-    buf = bytearray()
-    while len(buf) < n:
-        b = os.read(0, n - len(buf))
-        if not b:
-            sys.exit(70)
-        buf += b
-    return bytes(buf)
-def frame(kind, data):
-    view = memoryview(kind + struct.pack(">I", len(data)) + data)
-    while view:
-        view = view[os.write(1, view):]
-def killall():
-    try:
-        os.kill(-1, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-def wipe(root):
-    for dirpath, dirs, _ in os.walk(root):
-        for d in dirs:
-            try:
-                os.chmod(os.path.join(dirpath, d), 0o700)
-            except OSError:
-                pass
-    for name in os.listdir(root):
-        p = os.path.join(root, name)
-        if os.path.isdir(p) and not os.path.islink(p):
-            import shutil
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
-    return not os.listdir(root)
-def oom_kills():
-    try:
-        with open("/sys/fs/cgroup/memory/memory.oom_control") as f:
-            return int(dict(l.split() for l in f)["oom_kill"])
-    except (OSError, KeyError, ValueError):
-        return -1
-req = json.loads(readn(struct.unpack(">Q", readn(8))[0]))
-killall()
-if not wipe("/scratch"):
-    frame(b"x", json.dumps({"error": "scratch not clean"}).encode())
-    sys.exit(71)
-for name, size in req["files"]:
-    path = os.path.join("/scratch", name)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(readn(size))
-code = os.memfd_create("snippet", 0)
-os.write(code, req["code"].encode("utf-8", "surrogatepass"))
-os.lseek(code, 0, 0)
-if code != 3:
-    os.dup2(code, 3, inheritable=True)
-if req.get("relay"):  # proxy: HTTP(S)_PROXY=127.0.0.1:3128 in here -> the bind-mounted unix socket
-    import threading
-    ns = {"__name__": "arborl_relay"}
-    exec(compile(req["relay"], "arborl_relay.py", "exec"), ns)
-    relay = ns["make_server"](req["proxy_socket"], 3128)
-    threading.Thread(target=relay.serve_forever, daemon=True).start()
-cpu = req["cpu_s"]
-def limit():
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-oom0 = oom_kills()
-t0 = time.monotonic()
-p = subprocess.Popen([sys.executable, "-I", "-S", "-c", req["boot"]], stdout=subprocess.PIPE,
-                     stderr=subprocess.PIPE, pass_fds=(3,), cwd="/scratch", env=req["env"],
-                     start_new_session=True, preexec_fn=limit)
-sel = selectors.DefaultSelector()
-sel.register(p.stdout, selectors.EVENT_READ, b"o")
-sel.register(p.stderr, selectors.EVENT_READ, b"e")
-sent = {b"o": 0, b"e": 0}
-trunc = False
-wall = False
-cap = req["cap"]
-while sel.get_map():
-    if p.poll() is not None or time.monotonic() - t0 > req["wall_s"]:
-        wall = wall or p.poll() is None
-        killall()
-    for key, _ in sel.select(0.05):
-        data = os.read(key.fd, 65536)
-        if not data:
-            sel.unregister(key.fileobj)
-            continue
-        keep = data[: max(0, cap - sent[key.data])]
-        trunc = trunc or len(keep) < len(data)
-        sent[key.data] += len(keep)
-        if keep:
-            frame(key.data, keep)
-rc = p.wait()
-killall()
-frame(b"x", json.dumps({"rc": rc, "trunc": trunc, "wall": wall,
-                        "oom": oom_kills() - oom0 if oom0 >= 0 else 0}).encode())
-"""
-
 
 def _docker(*args: str, host: str | None, timeout: float = _DOCKER_CALL_S) -> subprocess.CompletedProcess[str]:
     cmd = ["docker", *(["--host", host] if host else []), *args]
@@ -229,6 +93,8 @@ class DockerBackend:
             them; ``False`` starts a fresh ``docker run --rm`` container per run (slow, simple).
         pool_size: Number of idle containers kept warm.
         docker_host: Daemon address (``unix:///...``); default: the CLI's default / ``DOCKER_HOST``.
+        idle_ttl_s: A pool container with no run for this long exits and is removed (it is then
+            replaced on demand); bounds how long containers outlive an owner killed with SIGKILL.
         image: Image to run; default :func:`~arborl.sandbox._docker_image.image_tag`, built by :func:`ensure_image` if missing.
     """
 
@@ -239,7 +105,8 @@ class DockerBackend:
     )
 
     def __init__(self, limits: Limits, *, proxy_socket: str | None = None, warm: bool = True,
-                 pool_size: int = 2, docker_host: str | None = None, image: str | None = None) -> None:
+                 pool_size: int = 2, docker_host: str | None = None, image: str | None = None,
+                 idle_ttl_s: float = 900.0) -> None:
         if pool_size < 1:
             raise ValueError(f"pool_size must be >= 1, got {pool_size}")
         proxy_socket = check_proxy_socket(proxy_socket)
@@ -248,6 +115,7 @@ class DockerBackend:
             raise SandboxError(reason)
         self.limits = limits
         self.warm = warm
+        self._idle_ttl_s = idle_ttl_s
         self._host = docker_host
         self._proxy = proxy_socket
         self._image = image or ensure_image(docker_host=docker_host)
@@ -300,8 +168,8 @@ class DockerBackend:
         name = f"arborl-sbx-{uuid.uuid4().hex[:12]}"
         with self._lock:
             self._live.add(name)
-        r = _docker("run", "-d", "--name", name, *self._security_args(), self._image,
-                    "/usr/bin/python3", "-I", "-S", "-c", _REAPER, host=self._host)
+        r = _docker("run", "-d", "--rm", "--name", name, *self._security_args(), self._image,
+                    "/usr/bin/python3", "-I", "-S", "-c", REAPER, str(self._idle_ttl_s), host=self._host)
         if r.returncode != 0:
             self._destroy(name)
             raise SandboxError(f"docker run failed: {r.stderr.strip()[:500]}")
@@ -343,7 +211,7 @@ class DockerBackend:
             env["NO_PROXY"] = env["no_proxy"] = ""
             extra = {"relay": relay_source(), "proxy_socket": _PROXY_IN_CONTAINER}
         header = json.dumps({**extra,
-            "code": code, "boot": _BOOT, "env": env, "cap": self.limits.output_bytes,
+            "code": code, "boot": BOOT, "env": env, "cap": self.limits.output_bytes,
             "cpu_s": max(1, int(self.limits.cpu_s + 0.999)), "wall_s": self.limits.wall_s,
             "files": [[fname, len(data)] for fname, data in items],
         }).encode()
@@ -373,9 +241,10 @@ class DockerBackend:
                 self._idle.put(name)
                 return res
             self._recycle(name)
-            # A container that died between runs (its pid 1 gone) never started the runner:
+            # A container that died between runs (pid 1 gone, idle TTL) never started the runner:
             # that is not this snippet's doing, so run it once more on another container.
-            if killed or out or b"is not running" not in err or attempt:
+            gone = b"is not running" in err or b"No such container" in err
+            if killed or out or not gone or attempt:
                 return res
         return res
 
@@ -393,7 +262,7 @@ class DockerBackend:
 
     def _cli(self, *args: str) -> list[str]:
         return ["docker", *(["--host", self._host] if self._host else []), *args,
-                "/usr/bin/python3", "-I", "-S", "-c", _RUNNER]
+                "/usr/bin/python3", "-I", "-S", "-c", RUNNER]
 
     def _drive(self, cmd: list[str], payload: bytes, name: str) -> tuple[bytes, bytes, int, bool]:
         """Run the CLI, feed the payload, read capped output; kill the container at the deadline."""

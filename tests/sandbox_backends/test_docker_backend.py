@@ -8,12 +8,16 @@ memory cgroup limits, a size-capped /scratch tmpfs, kill-and-replace at the dead
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
 import pytest
 from conftest import FakeProxy, docker_cli
 
+from arborl.sandbox._docker_image import ensure_image
 from arborl.sandbox.base import Limits, SandboxError
 from arborl.sandbox.docker import DockerBackend
 
@@ -87,12 +91,15 @@ def test_files_are_visible_and_nothing_persists(backend: DockerBackend) -> None:
     second = backend.run_python(
         "import os\n"
         "print(sorted(os.listdir('.')), open('in/data.txt').read())\n"
-        "print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()).__len__())\n" + CONTAINER_ID,
+        "state = lambda p: open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[0]\n"
+        "live = [p for p in os.listdir('/proc') if p.isdigit() and state(p) != 'Z']\n"
+        "print(len(live))\n" + CONTAINER_ID,
         files={"in/data.txt": b"again"})
     assert first.ok and second.ok, (first.stderr, second.stderr)
     lines = second.stdout.splitlines()
     assert lines[0] == "['in'] again"  # left.txt of the first run is gone
-    # pid 1 (reaper), the runner, this snippet: the daemon of the first run was killed
+    # pid 1 (reaper), the runner, this snippet: the daemon of the first run was killed (zombies,
+    # dead and not yet reaped, are not counted)
     assert lines[1] == "3"
     assert lines[2] == first.stdout.strip()  # same pool container, reused
 
@@ -222,3 +229,40 @@ def test_a_dead_pool_container_is_replaced_without_failing_the_run(docker_host: 
         docker_cli(docker_host, "kill", victim)  # dies between runs, e.g. its pid 1 was killed
         r = b.run_python("print('fine')")
         assert (r.stdout, r.error) == ("fine\n", None)
+
+
+def test_pool_of_a_sigkilled_owner_removes_itself(docker_host: str) -> None:
+    script = f"""
+import time
+from arborl.sandbox.base import Limits
+from arborl.sandbox.docker import DockerBackend
+b = DockerBackend(Limits(), docker_host={docker_host!r}, pool_size=2, idle_ttl_s=1.0)
+print(b._owner, flush=True)
+time.sleep(60)
+"""
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    owner = p.stdout.readline().strip()
+    p.kill()  # no close(), no finalizer
+    p.wait()
+
+    def left() -> list[str]:
+        return docker_cli(docker_host, "ps", "-aq", "--filter", f"label=arborl.sandbox.owner={owner}").stdout.split()
+
+    assert owner and len(left()) == 2
+    deadline = time.monotonic() + 20
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert left() == []
+
+
+def test_runc_keeps_host_fds_out_of_workdir(docker_host: str, tmp_path) -> None:
+    # CVE-2024-21626: a leaked host fd as WORKDIR put the process in the host's filesystem.
+    canary = f"arborl-canary-{os.getpid()}"
+    (tmp_path.parent / canary).write_text("host")  # reachable as ../../... from a host cwd
+    probe = f"import os\nprint(any(os.path.exists('../' * d + '{tmp_path.parent.relative_to('/')}/{canary}') for d in range(1, 12)))"
+    image = ensure_image(docker_host=docker_host)
+    for fd in range(3, 10):
+        r = docker_cli(docker_host, "run", "--rm", "--network", "none", "--user", "65534:65534",
+                       "-w", f"/proc/self/fd/{fd}", image, "/usr/bin/python3", "-I", "-S", "-c", probe)
+        assert r.returncode != 0 or r.stdout.strip() == "False", (fd, r.stdout, r.stderr)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -175,3 +177,32 @@ def test_cache_writable_by_others_is_refused(wasm_ready: str, tmp_path, monkeypa
     os.chmod(tmp_path / "wasm", 0o777)
     with pytest.raises(SandboxError, match="writable by others"):
         rt.compiled_module(wasm_ready)
+
+
+def test_workers_die_with_their_owner(wasm_ready: str) -> None:
+    script = """
+import time
+from arborl.sandbox.base import Limits
+from arborl.sandbox.wasm import WasmBackend
+b = WasmBackend(Limits(), pool_size=2)
+print(" ".join(str(w.proc.pid) for w in b._workers), flush=True)
+time.sleep(60)
+"""
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    pids = [int(x) for x in p.stdout.readline().split()]
+    p.kill()  # no close()
+    p.wait()
+
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                return "\nState:\tZ" not in f.read()
+        except FileNotFoundError:
+            return False
+
+    assert len(pids) == 2
+    deadline = time.monotonic() + 5
+    while any(map(alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(alive, pids))
