@@ -160,12 +160,12 @@ class JudgeResult:
     cases: list[CaseResult] = field(default_factory=list)
 
 
-# The harness runs in the sandbox as __main__; the solution is /tmp/solution.py. It prints exactly
+# The harness runs in the sandbox as __main__; the solution is solution.py in the scratch dir (the cwd). It prints exactly
 # one record line, tagged with the nonce, after the solution returned. {nonce}/{call} are filled
 # in by _harness(); the record carries the actual value only, never a verdict.
 _FUNCTION_HARNESS = """\
-import importlib.util as _u, json as _j, sys as _s
-_spec = _u.spec_from_file_location("solution", "/tmp/solution.py")
+import importlib.util as _u, json as _j, os as _os, sys as _s
+_spec = _u.spec_from_file_location("solution", _os.path.abspath("solution.py"))
 _mod = _u.module_from_spec(_spec)
 _s.modules["solution"] = _mod
 _spec.loader.exec_module(_mod)
@@ -174,10 +174,11 @@ _s.stdout.flush()
 print("\\n" + {nonce!r} + " " + _j.dumps({{"repr": repr(_value)}}), flush=True)
 """
 _PROGRAM_HARNESS = """\
-import runpy as _r, json as _j, sys as _s
+import runpy as _r, json as _j, os as _os, sys as _s
+_p = _os.path.abspath("solution.py")
 _status = 0
 try:
-    _r.run_path("/tmp/solution.py", run_name="__main__")
+    _r.run_path(_p, run_name="__main__")
 except SystemExit as _e:
     _status = _e.code if isinstance(_e.code, int) else (0 if _e.code is None else 1)
 _s.stdout.flush()
