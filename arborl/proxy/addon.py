@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mitmproxy import http
+from mitmproxy.net.http import status_codes
 from mitmproxy.proxy import server_hooks
 
 from . import cache as cache_mod
@@ -236,8 +237,12 @@ class ArborlAddon:
             self.s.cache_key_headers,
         )
         flow.metadata["arborl_key"] = key
-        if self.s.mode != "replay":
-            return
+        if self.s.mode == "replay":
+            self._serve_cached(flow, key)
+
+    def _serve_cached(self, flow: http.HTTPFlow, key: cache_mod.CacheKey) -> None:
+        """Answer from the cache, or with an explicit 504 that names the missing key."""
+        assert self.cache is not None
         hit = self.cache.get(key)
         flow.metadata["arborl_generated"] = True
         if hit is None:
@@ -247,18 +252,20 @@ class ArborlAddon:
             return
         self.stats["cache_hits"] += 1
         headers = http.Headers([(k.encode("latin-1"), v.encode("latin-1")) for k, v in hit.headers])
-        headers["content-length"] = str(len(hit.body))
+        if flow.request.method != "HEAD":  # a HEAD reply keeps the length of the body it omits
+            headers["content-length"] = str(len(hit.body))
         headers["x-arborl-proxy"] = "cache-hit"
         headers["x-arborl-fetched"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(hit.fetched))
+        now = time.time()
         flow.response = http.Response(
             http_version=b"HTTP/1.1",
             status_code=hit.status,
-            reason=b"",
+            reason=status_codes.RESPONSES.get(hit.status, "").encode(),
             headers=headers,
             content=hit.body,
             trailers=None,
-            timestamp_start=time.time(),
-            timestamp_end=time.time(),
+            timestamp_start=now,
+            timestamp_end=now,
         )
 
     def response(self, flow: http.HTTPFlow) -> None:

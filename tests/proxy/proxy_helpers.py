@@ -48,6 +48,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         else:
             self._send(f"upstream saw {self.path}".encode())
 
+    def do_HEAD(self) -> None:
+        self.server.count(self.path)
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(f"upstream saw {self.path}")))
+        self.end_headers()
+
     def do_POST(self) -> None:
         self.server.count(self.path)
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
@@ -66,11 +72,13 @@ class Reply:
     body: bytes
 
 
-def fetch(proxy_url: str, url: str, data: bytes | None = None, timeout: float = 15.0) -> Reply:
-    """GET (or POST when ``data`` is given) ``url`` through the HTTP proxy at ``proxy_url``."""
+def fetch(
+    proxy_url: str, url: str, data: bytes | None = None, timeout: float = 15.0, method: str | None = None
+) -> Reply:
+    """GET (or POST when ``data`` is given, or ``method``) ``url`` through the HTTP proxy at ``proxy_url``."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": proxy_url, "https": proxy_url}))
     try:
-        with opener.open(urllib.request.Request(url, data=data), timeout=timeout) as resp:
+        with opener.open(urllib.request.Request(url, data=data, method=method), timeout=timeout) as resp:
             return Reply(resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read())
     except urllib.error.HTTPError as err:
         return Reply(err.code, {k.lower(): v for k, v in err.headers.items()}, err.read())

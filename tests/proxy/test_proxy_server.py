@@ -127,9 +127,15 @@ def test_record_then_replay_serves_same_bodies_with_zero_upstream_hits(
         "get": fetch(recorder.url, f"{base}/page?b=2&a=1").body,
         "post": fetch(recorder.url, f"{base}/form", data=b"payload-1").body,
     }
+    head = fetch(recorder.url, f"{base}/page", method="HEAD")
+    assert (head.status, head.body, head.headers["content-length"]) == (
+        200,
+        b"",
+        "18",
+    )  # len("upstream saw /page")
     assert recorded["get"] == b"upstream saw /page?b=2&a=1"
-    assert upstream.hits == 2
-    assert recorder.stats()["recorded"] == 2
+    assert upstream.hits == 3
+    assert recorder.stats()["recorded"] == 3
     recorder.stop()
 
     replayer = start_proxy(
@@ -140,6 +146,7 @@ def test_record_then_replay_serves_same_bodies_with_zero_upstream_hits(
     assert again.body == recorded["get"]
     assert again.headers["x-arborl-proxy"] == "cache-hit"
     assert again.headers["x-upstream"] == "yes"  # upstream headers are replayed too
+    assert fetch(replayer.url, f"{base}/page", method="HEAD").headers["content-length"] == "18"
     # The same query in another order is the same resource.
     assert fetch(replayer.url, f"{base}/page?a=1&b=2").body == recorded["get"]
     assert fetch(replayer.url, f"{base}/form", data=b"payload-1").body == recorded["post"]
@@ -147,9 +154,9 @@ def test_record_then_replay_serves_same_bodies_with_zero_upstream_hits(
     miss = fetch(replayer.url, f"{base}/form", data=b"payload-2")
     assert miss.status == 504
     assert b"replay mode and no recorded response for POST http://api.test:" in miss.body
-    assert upstream.hits == 2
+    assert upstream.hits == 3
     stats = replayer.stats()
-    assert (stats["cache_hits"], stats["cache_misses"], stats["upstream_connections"]) == (3, 1, 0)
+    assert (stats["cache_hits"], stats["cache_misses"], stats["upstream_connections"]) == (4, 1, 0)
 
 
 def test_replay_miss_names_the_missing_key_and_connects_nowhere(
