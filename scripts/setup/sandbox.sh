@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Sandbox backends bwrap / zygote / process: bubblewrap, libseccomp and Debian's system Python
+# (the interpreter inside the sandbox must be world-readable; a pyenv under /root is not), plus
+# the pyseccomp binding in the active venv. Idempotent. Needs root for apt.
+set -euo pipefail
+
+need_apt=0
+command -v bwrap >/dev/null || need_apt=1
+[ -x /usr/bin/python3 ] || need_apt=1
+ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || need_apt=1
+
+if [ "$need_apt" = 1 ]; then
+    if [ "$(id -u)" != 0 ]; then
+        echo "sandbox.sh: run as root to apt-get install bubblewrap libseccomp2 python3" >&2
+        exit 1
+    fi
+    apt-get update
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends bubblewrap libseccomp2 python3
+fi
+
+python -m pip install --quiet "pyseccomp==0.1.2"
+python - <<'PY'
+from arborl.sandbox import Sandbox
+print("sandbox backends available:", ", ".join(Sandbox.available_backends()) or "none")
+PY
