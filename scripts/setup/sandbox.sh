@@ -7,7 +7,8 @@ set -euo pipefail
 need_apt=0
 command -v bwrap >/dev/null || need_apt=1
 [ -x /usr/bin/python3 ] || need_apt=1
-ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || need_apt=1
+# grep without -q reads all input, so ldconfig never dies of SIGPIPE under pipefail
+ldconfig -p 2>/dev/null | grep 'libseccomp\.so\.2' >/dev/null || need_apt=1
 
 if [ "$need_apt" = 1 ]; then
     if [ "$(id -u)" != 0 ]; then
