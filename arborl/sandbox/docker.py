@@ -235,7 +235,7 @@ class DockerBackend:
             except queue.Empty:
                 name = self._start_container()  # pool drained by concurrent callers
             cmd = self._cli("exec", "-i", "-u", "65534:65534", "-w", "/scratch", name)
-            out, err, rc, killed = self._drive(cmd, payload, name)
+            out, err, rc, killed = self._drive(cmd, payload)
             res = self._parse(out, err, rc, killed)
             if not killed and res.error is None:
                 self._idle.put(name)
@@ -253,19 +253,21 @@ class DockerBackend:
         with self._lock:
             self._live.add(name)
         cmd = self._cli("run", "--rm", "-i", "--init", "--name", name, *self._security_args(), self._image)
-        out, err, rc, killed = self._drive(cmd, payload, name)
-        if killed:
-            self._destroy(name)
-        with self._lock:
-            self._live.discard(name)
+        out, err, rc, killed = self._drive(cmd, payload)
+        if killed:  # the container may still run: kill it (``--rm`` then removes it)
+            with contextlib.suppress(RuntimeError):  # executor shut down: close() removes it
+                self._refill.submit(self._destroy, name)
+        else:
+            with self._lock:
+                self._live.discard(name)
         return self._parse(out, err, rc, killed)
 
     def _cli(self, *args: str) -> list[str]:
         return ["docker", *(["--host", self._host] if self._host else []), *args,
                 "/usr/bin/python3", "-I", "-S", "-c", RUNNER]
 
-    def _drive(self, cmd: list[str], payload: bytes, name: str) -> tuple[bytes, bytes, int, bool]:
-        """Run the CLI, feed the payload, read capped output; kill the container at the deadline."""
+    def _drive(self, cmd: list[str], payload: bytes) -> tuple[bytes, bytes, int, bool]:
+        """Run the CLI, feed the payload, read capped output; stop the CLI at the deadline."""
         cap = 2 * self.limits.output_bytes + (1 << 16)  # frames can't exceed this unless forged
         p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
@@ -276,12 +278,14 @@ class DockerBackend:
         for t in readers:
             t.start()
         killed = False
-        deadline = self.limits.wall_s + _GRACE_S + (0.0 if self.warm else 5.0)
+        # Cold runs also wait for the container to start (~0.4 s, more under load).
+        deadline = self.limits.wall_s + _GRACE_S + (0.0 if self.warm else 2.0)
         try:
             p.wait(timeout=deadline)
         except subprocess.TimeoutExpired:
+            # Only the CLI dies here; the caller kills the container itself in the background
+            # (``docker kill`` can take seconds on a busy host and must not delay the result).
             killed = True
-            _docker("kill", name, host=self._host, timeout=10)  # the CLI dying would not stop it
             p.kill()
             p.wait()
         for t in readers[:2]:
