@@ -19,59 +19,55 @@ or in-process, e.g. as a daemon thread started before user code::
 
     threading.Thread(target=relay.serve, args=("/run/arborl/proxy.sock",), daemon=True).start()
 
-One thread per connection copies both directions with ``selectors``; half-closes are passed on
-(``shutdown(SHUT_WR)``) so request bodies terminated by EOF still work.
+Each connection gets one thread per direction; half-closes are passed on (``shutdown(SHUT_WR)``)
+so request bodies terminated by EOF still work.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import selectors
 import socket
 import socketserver
 import sys
+import threading
 
 _CHUNK = 65536
 # How long connecting to the unix socket may take before the client connection is dropped.
 _CONNECT_TIMEOUT_S = 10.0
 
 
-def _pump(client: socket.socket, upstream: socket.socket) -> None:
-    """Copy bytes both ways between two connected sockets until both directions reach EOF.
+def _copy(src: socket.socket, dst: socket.socket) -> None:
+    """Copy bytes from ``src`` to ``dst`` until EOF, then pass the half-close on.
 
-    Args:
-        client: The accepted TCP connection.
-        upstream: The connection to the unix socket.
+    On an error (a reset on either side) both sockets are shut down completely, which also ends
+    the copy running in the other direction.
     """
-    peer = {client: upstream, upstream: client}
-    open_reads = {client, upstream}
-    with selectors.DefaultSelector() as sel:
-        for s in open_reads:
-            s.setblocking(True)
-            sel.register(s, selectors.EVENT_READ)
-        while open_reads:
-            for key, _ in sel.select():
-                src = key.fileobj
-                assert isinstance(src, socket.socket)
-                try:
-                    data = src.recv(_CHUNK)
-                except (ConnectionResetError, BrokenPipeError, OSError):
-                    return  # an abortive close on either side ends the whole connection
-                dst = peer[src]
-                if not data:
-                    # EOF from src: pass the half-close on and stop watching src.
-                    sel.unregister(src)
-                    open_reads.discard(src)
-                    try:
-                        dst.shutdown(socket.SHUT_WR)
-                    except OSError:
-                        return
-                    continue
-                try:
-                    dst.sendall(data)
-                except OSError:
-                    return
+    try:
+        while True:
+            data = src.recv(_CHUNK)
+            if not data:
+                break
+            dst.sendall(data)
+    except OSError:
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+        return
+    with contextlib.suppress(OSError):
+        dst.shutdown(socket.SHUT_WR)
+
+
+def _pump(client: socket.socket, upstream: socket.socket) -> None:
+    """Copy both directions at once until both reach EOF.
+
+    One thread per direction, so a peer that sends and receives at the same time (a TLS tunnel,
+    a streaming upload) can never deadlock the relay on a full buffer.
+    """
+    back = threading.Thread(target=_copy, args=(upstream, client), name="relay-back", daemon=True)
+    back.start()
+    _copy(client, upstream)
+    back.join()
 
 
 class _RelayHandler(socketserver.BaseRequestHandler):
