@@ -16,6 +16,8 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import select
@@ -24,6 +26,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
@@ -75,6 +78,20 @@ def query_admin(admin_path: str, command: str = "stats", timeout: float = 5.0) -
                 break
             buf += chunk
     return json.loads(buf)
+
+
+@contextlib.contextmanager
+def _ca_creation_lock(confdir: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``confdir`` while its CA does not exist yet; no-op afterwards."""
+    if os.path.exists(os.path.join(confdir, "mitmproxy-ca.pem")):
+        yield
+        return
+    with open(os.path.join(confdir, ".create.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 class ProxyServer:
@@ -145,26 +162,29 @@ class ProxyServer:
             self.stop()  # removes a temporary state dir made before the error
             raise
         self.config = cfg
-        assert cfg.state_dir is not None
+        assert cfg.state_dir is not None and cfg.confdir is not None
         cfg_path = os.path.join(cfg.state_dir, "config.json")
         with open(cfg_path, "w") as f:
             json.dump(cfg.to_dict(), f)
         self._log = open(os.path.join(cfg.state_dir, "proxy.log"), "ab")  # noqa: SIM115 (closed in stop)
-        self._proc = subprocess.Popen(
-            [str(python), "-I", str(_MAIN), "--config", cfg_path, "--watch-stdin"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            close_fds=True,
-            # Own session: a terminal's Ctrl-C reaches only the parent, which then stops the proxy
-            # in order. If the parent dies instead, the proxy sees EOF on stdin and exits.
-            start_new_session=True,
-        )
-        try:
-            self._ready = self._wait_ready(cfg.start_timeout_s)
-        except BaseException:
-            self.stop()
-            raise
+        # mitmproxy writes its CA on first start; proxies starting together on a fresh confdir
+        # must not race on those files, so the first one creates them under a lock.
+        with _ca_creation_lock(cfg.confdir):
+            self._proc = subprocess.Popen(
+                [str(python), "-I", str(_MAIN), "--config", cfg_path, "--watch-stdin"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._log,
+                close_fds=True,
+                # Own session: a terminal's Ctrl-C reaches only the parent, which then stops the
+                # proxy in order. If the parent dies instead, the proxy sees EOF on stdin and exits.
+                start_new_session=True,
+            )
+            try:
+                self._ready = self._wait_ready(cfg.start_timeout_s)
+            except BaseException:
+                self.stop()
+                raise
         return self
 
     def _wait_ready(self, timeout: float) -> dict[str, Any]:
