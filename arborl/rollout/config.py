@@ -16,7 +16,8 @@ class SamplingConfig:
     top_p: float = 1.0
     """Nucleus sampling mass in (0, 1]; 1 disables truncation. Recorded log-probs ignore it."""
     max_new_tokens: int = 32
-    """Most tokens generated per turn, end-of-turn token included."""
+    """Most tokens sampled per turn, end-of-turn token included; a turn cut at this budget gets one
+    extra, forced end-of-turn token (mask 0, log-prob 0)."""
     greedy: bool = False
     """Take the most likely token; log-probs are then recorded at temperature 1."""
 

@@ -5,12 +5,14 @@ lockstep: every live episode generates its turn together, then every environment
 freed by a finished episode takes the next pending spec at the following turn, so the batch stays
 full until the specs run out.
 
-Cache layout. A :class:`~arborl.rollout.generate.LMSession` holds one ``DynamicCache`` whose
-layers are ``(B, H_kv, L, D)`` tensors, row ``b`` = one live slot, plus a ``(B, L)`` 0/1 mask
-of which cache columns hold real tokens. Each episode's cache is kept across turns: a turn
-prefills only the tokens that are new since the last one (the previous turn's last sampled token
-and ``ChatRenderer.next_prompt``), never the whole history. Finished slots are removed by
-re-indexing the layer tensors; new episodes join as new rows whose earlier columns are masked.
+Cache layout. A :class:`~arborl.rollout.generate.LMSession` holds one
+:class:`~arborl.rollout.kvcache.BatchKVCache`: per decoder layer, keys and values in a
+``(B, H_kv, capacity, D)`` buffer written in place (no per-step copy of the whole cache), row
+``b`` = one live slot, plus a ``(B, L)`` 0/1 mask of which of the ``L`` used columns hold real
+tokens. Each episode's cache is kept across turns: a turn prefills only the tokens that are new
+since the last one (the previous turn's last sampled token and ``ChatRenderer.next_prompt``),
+never the whole history. Finished slots are removed by re-indexing the buffers; new episodes
+join as new rows whose earlier columns are masked.
 
 Padding and positions. New chunks of different lengths are *left*-padded into one prefill
 forward, so each row's last real token is in the last column and its logits start decoding.
@@ -29,6 +31,10 @@ temperature (1 for greedy); top-p truncation is ignored. The trainer recomputes 
 
 Turn budget. A turn samples at most ``max_new_tokens`` tokens; a turn cut at the budget gets a
 forced end-of-turn token (mask 0, log-prob 0) so the conversation stays well formed.
+
+Threads. The engine leaves ``torch.set_num_threads`` to the caller. For tiny policies on a shared
+CPU, one thread per process is fastest: intra-op threads add a barrier to every small op
+(see ``bench/rollout.py``).
 
 Errors. An exception in ``reset``, ``step``, ``format_observation`` or ``state_key`` (or in a
 scripted policy) is recorded (``Turn.error``, or ``Episode.metadata["error"]`` when no turn

@@ -16,7 +16,7 @@ from arborl.rollout import (
     run_episodes,
 )
 from arborl.rollout import generate as generate_mod
-from arborl.trajectory.schema import linearize
+from arborl.trajectory.schema import Episode, linearize
 
 from .conftest import CountEnv
 
@@ -145,6 +145,8 @@ def test_turn_fields_rewards_and_chain(model, renderer):
     assert [t.terminated for t in ep.turns] == [False, False, True]
     assert set(ep.turns[0].timings) == {"generate", "env"}
     assert ep.turns[-1].info == {"action_valid": True, "action": "go", "success": True}
+    ep.validate()
+    assert Episode.from_json(ep.to_json()).to_dict() == ep.to_dict()
 
 
 def test_scripted_episode_tokens_equal_full_chat_render(renderer):
