@@ -15,6 +15,7 @@ faster than each its p50 is. Targets: zygote p50 <= 5 ms, bwrap p50 <= 30 ms.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -110,12 +111,12 @@ def render(rows: list[Row], warm: Row | None, cold: Row | None) -> None:
         for line in [header, *body]:
             print("  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)))
         return
-    table = Table(title=f"sandbox: {CODE!r}, latency per call and throughput")
+    table = Table(title=f"sandbox: {CODE!r}, latency per call and throughput (host load {os.getloadavg()[0]:.1f})")
     for h in header:
         table.add_column(h, justify="left" if h in ("backend", "target p50") else "right")
     for line in body:
         table.add_row(*line)
-    Console().print(table)
+    Console(width=max(140, Console().width)).print(table)
 
 
 def main() -> None:
