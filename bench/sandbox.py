@@ -111,7 +111,9 @@ def render(rows: list[Row], warm: Row | None, cold: Row | None) -> None:
         for line in [header, *body]:
             print("  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)))
         return
-    table = Table(title=f"sandbox: {CODE!r}, latency per call and throughput (host load {os.getloadavg()[0]:.1f})")
+    table = Table(
+        title=f"sandbox: {CODE!r}, latency per call and throughput (host load {os.getloadavg()[0]:.1f})"
+    )
     for h in header:
         table.add_column(h, justify="left" if h in ("backend", "target p50") else "right")
     for line in body:

@@ -76,7 +76,16 @@ class ExecResult:
 
 
 class Backend(Protocol):
-    """What a backend module provides (one class per module)."""
+    """What a backend module provides (one class per module).
+
+    Besides these members a backend class has the constructor
+    ``Cls(limits: Limits, *, proxy_socket: str | None = None)`` (``proxy_socket``: host path of the
+    filtering proxy's unix socket, the only network path out; ``None`` = no network) and may
+    declare ``guarantees: ClassVar[frozenset[str]]``, the properties the threat suite
+    (``tests/sandbox``) holds it to: ``env``, ``host_files``, ``network``, ``pids``, ``memory``,
+    ``disk``, ``cpu``, ``orphans``, ``privileges``, ``cross_run``. Without the attribute it is
+    held to all of them.
+    """
 
     name: ClassVar[str]
 
@@ -86,7 +95,10 @@ class Backend(Protocol):
         ...
 
     def run_python(self, code: str, *, stdin: str = "", files: dict[str, bytes] | None = None) -> ExecResult:
+        """Run ``code`` from a clean scratch dir holding ``files``, with ``stdin``; never raise for
+        what the snippet does."""
         ...
 
     def close(self) -> None:
+        """Release warm processes/containers; idempotent."""
         ...

@@ -53,7 +53,13 @@ def _system_binds() -> list[str]:
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
-    for path in ("/etc/ld.so.cache", "/etc/localtime", "/etc/ssl", "/etc/ca-certificates", "/etc/alternatives"):
+    for path in (
+        "/etc/ld.so.cache",
+        "/etc/localtime",
+        "/etc/ssl",
+        "/etc/ca-certificates",
+        "/etc/alternatives",
+    ):
         if os.path.exists(path):
             args += ["--ro-bind", path, path]
     return args
@@ -64,7 +70,18 @@ class BwrapBackend:
 
     name: ClassVar[str] = "bwrap"
     guarantees: ClassVar[frozenset[str]] = frozenset(
-        {"env", "host_files", "network", "pids", "memory", "disk", "cpu", "orphans", "privileges", "cross_run"}
+        {
+            "env",
+            "host_files",
+            "network",
+            "pids",
+            "memory",
+            "disk",
+            "cpu",
+            "orphans",
+            "privileges",
+            "cross_run",
+        }
     )
 
     @classmethod

@@ -54,7 +54,9 @@ def relay_source() -> str:
     """Source text of the proxy relay (``arborl/proxy/relay.py``) shipped into the sandbox."""
     path = _PKG.parent / "proxy" / "relay.py"
     if not path.exists():
-        raise SandboxError(f"proxy relay {path} is missing; reinstall arborl (it ships arborl/proxy/relay.py)")
+        raise SandboxError(
+            f"proxy relay {path} is missing; reinstall arborl (it ships arborl/proxy/relay.py)"
+        )
     return path.read_text()
 
 

@@ -69,14 +69,20 @@ def _isolate(tmpfs_opts: bytes, proxy: str | None) -> None:
     proxy_fd = os.open(proxy, os.O_PATH) if proxy else None
     for path in _SCRATCH_MOUNTS:
         if os.path.isdir(path):
-            _check(_libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, tmpfs_opts), f"mount {path}")
+            _check(
+                _libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, tmpfs_opts),
+                f"mount {path}",
+            )
     # A fresh /run hides the host's runtime sockets (docker.sock, service sockets) and holds the proxy.
     _check(_libc.mount(b"tmpfs", b"/run", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=755"), "mount /run")
     if proxy_fd is not None:
         os.mkdir("/run/arborl", 0o755)
         os.close(os.open(common.PROXY_SOCKET_IN_SANDBOX, os.O_CREAT | os.O_WRONLY, 0o666))
         src = f"/proc/self/fd/{proxy_fd}".encode()
-        _check(_libc.mount(src, common.PROXY_SOCKET_IN_SANDBOX.encode(), None, MS_BIND, None), "bind proxy socket")
+        _check(
+            _libc.mount(src, common.PROXY_SOCKET_IN_SANDBOX.encode(), None, MS_BIND, None),
+            "bind proxy socket",
+        )
         os.close(proxy_fd)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         ifreq = struct.pack("16sH14x", b"lo", IFF_UP | IFF_LOOPBACK | IFF_RUNNING)

@@ -1,8 +1,9 @@
 """The seccomp-bpf filter every namespaced backend installs before the snippet runs.
 
 The filter is built once in the parent with PyPI ``pyseccomp`` (ctypes over libseccomp 2.5) and
-exported as raw BPF bytes: bwrap loads them from an fd (``--seccomp FD``); the zygote loads them in
-each child with ``prctl(PR_SET_SECCOMP)`` (:func:`load_bpf` in the child, via the launcher).
+exported as raw BPF bytes: bwrap loads them from an fd (``--seccomp FD``); the zygote's children
+and the process backend load them with ``prctl(PR_SET_SECCOMP)`` (``bpf_loader`` in
+:mod:`arborl.sandbox.launcher`).
 
 What it blocks (default action: allow; blocked calls fail with ``EPERM``, ``clone3`` with
 ``ENOSYS`` so libc falls back to the inspectable ``clone``):

@@ -185,7 +185,9 @@ class _Worker:
         if not reply and not cap.timed_out:
             error = error or f"zygote worker died during the run: {self.log_tail()}"
         timed_out = cap.timed_out or bool(reply.get("timed_out"))
-        memory = bool(reply.get("memory_exceeded")) or (self.cg is None and stderr.rstrip().endswith("MemoryError"))
+        memory = bool(reply.get("memory_exceeded")) or (
+            self.cg is None and stderr.rstrip().endswith("MemoryError")
+        )
         result = ExecResult(
             ok=code == 0 and not (timed_out or memory or error),
             exit_code=code if reply else -signal.SIGKILL,
@@ -273,7 +275,9 @@ class ZygoteBackend:
         self._release(self._new_worker())
 
     def _new_worker(self) -> _Worker:
-        return self._spawner.submit(_Worker, self.limits, self._bpf, self.proxy_socket, self._preload).result()
+        return self._spawner.submit(
+            _Worker, self.limits, self._bpf, self.proxy_socket, self._preload
+        ).result()
 
     def _acquire(self) -> _Worker:
         with self._cond:

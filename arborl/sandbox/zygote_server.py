@@ -79,7 +79,12 @@ class Server:
         # The zygote's own namespaces, to return to after each fork (see fork_into_namespaces).
         self.home_ns = [
             (os.open(f"/proc/self/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), flag)
-            for name, flag in (("pid", CLONE_NEWPID), ("mnt", CLONE_NEWNS), ("ipc", CLONE_NEWIPC), ("uts", CLONE_NEWUTS))
+            for name, flag in (
+                ("pid", CLONE_NEWPID),
+                ("mnt", CLONE_NEWNS),
+                ("ipc", CLONE_NEWIPC),
+                ("uts", CLONE_NEWUTS),
+            )
         ]
         for name in config["preload"]:
             try:

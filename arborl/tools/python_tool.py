@@ -196,7 +196,9 @@ def _record(res: ExecResult, nonce: str) -> tuple[dict | None, str, str]:
     lines = res.stdout.split("\n")
     hits = [i for i, line in enumerate(lines) if line.startswith(nonce + " ")]
     if len(hits) != 1:
-        why = "no harness record (the run ended early or crashed)" if not hits else "duplicated harness record"
+        why = (
+            "no harness record (the run ended early or crashed)" if not hits else "duplicated harness record"
+        )
         return None, "", why
     try:
         record = json.loads(lines[hits[0]][len(nonce) + 1 :])
@@ -252,7 +254,9 @@ def score_solution(sandbox: Sandbox, solution_code: str, tests: list[TestCase]) 
         ValueError: ``tests`` is empty (a judge with no cases must not hand out reward).
     """
     if not tests:
-        raise ValueError("score_solution needs at least one TestCase; an empty suite would score anything 1.0")
+        raise ValueError(
+            "score_solution needs at least one TestCase; an empty suite would score anything 1.0"
+        )
     files = {"solution.py": solution_code.encode()}
     cases: list[CaseResult] = []
     for case in tests:
@@ -264,4 +268,6 @@ def score_solution(sandbox: Sandbox, solution_code: str, tests: list[TestCase]) 
             continue
         cases.append(_judge(case, res, nonce))
     passed = sum(c.passed for c in cases)
-    return JudgeResult(score=1.0 if passed == len(tests) else 0.0, passed=passed, total=len(tests), cases=cases)
+    return JudgeResult(
+        score=1.0 if passed == len(tests) else 0.0, passed=passed, total=len(tests), cases=cases
+    )

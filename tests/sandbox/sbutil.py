@@ -54,5 +54,9 @@ def known_gap(sb: Sandbox, what: str) -> None:
 def run_ok(sb: Sandbox, code: str, **kw: object) -> str:
     """Run ``code``; assert the snippet itself succeeded; return its stdout."""
     res = sb.run_python(code, **kw)  # type: ignore[arg-type]
-    assert res.exit_code == 0 and not res.timed_out and res.error is None, (res.exit_code, res.stderr[-2000:], res)
+    assert res.exit_code == 0 and not res.timed_out and res.error is None, (
+        res.exit_code,
+        res.stderr[-2000:],
+        res,
+    )
     return res.stdout

@@ -87,7 +87,9 @@ except Exception as e:
 
 def test_tcp_to_outside_address_fails(sandbox: Sandbox) -> None:
     require(sandbox, "network")
-    code = CONNECT + 'attempt("v4", "AF_INET", ("1.1.1.1", 443)); attempt("v4dns", "AF_INET", ("8.8.8.8", 53))\n'
+    code = (
+        CONNECT + 'attempt("v4", "AF_INET", ("1.1.1.1", 443)); attempt("v4dns", "AF_INET", ("8.8.8.8", 53))\n'
+    )
     res = json.loads(run_ok(sandbox, code + "print(json.dumps(res))"))
     assert "connected" not in res.values(), res
 

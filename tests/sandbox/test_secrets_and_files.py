@@ -86,7 +86,9 @@ def test_project_tree_not_visible(sandbox: Sandbox) -> None:
     require(sandbox, "host_files")
     probe = PROJECT / "pyproject.toml"
     assert probe.exists()
-    out = run_ok(sandbox, f"import os; print(os.path.exists({str(probe)!r}), os.path.exists({str(PROJECT)!r}))")
+    out = run_ok(
+        sandbox, f"import os; print(os.path.exists({str(probe)!r}), os.path.exists({str(PROJECT)!r}))"
+    )
     assert out.split() == ["False", "False"]
 
 

@@ -33,7 +33,10 @@ def test_format_result_text_forms() -> None:
     assert format_result(res(), wall_s=5) == "[no output]"
     assert format_result(res(stdout="a\n", stderr="b\n", exit_code=1, ok=False), wall_s=5) == "a\n[stderr]\nb"
     assert format_result(res(exit_code=3, ok=False), wall_s=5) == "[exit code 3]"
-    assert format_result(res(timed_out=True, ok=False, exit_code=-9), wall_s=2.5) == "TimeoutError: killed after 2.5 s"
+    assert (
+        format_result(res(timed_out=True, ok=False, exit_code=-9), wall_s=2.5)
+        == "TimeoutError: killed after 2.5 s"
+    )
     text = format_result(res(memory_exceeded=True, ok=False, exit_code=-9), wall_s=5)
     assert text == "MemoryError: killed at the sandbox memory limit"
     long = format_result(res(stdout="x" * 50, output_truncated=True), wall_s=5, max_chars=10)
@@ -80,7 +83,9 @@ def test_empty_suite_is_refused() -> None:
 
 
 def test_sandbox_errors_score_zero() -> None:
-    out = score_solution(FailingSandbox(), "def f():\n    return 1\n", [TestCase("t", call="f()", expected=1)])  # type: ignore[arg-type]
+    out = score_solution(
+        FailingSandbox(), "def f():\n    return 1\n", [TestCase("t", call="f()", expected=1)]
+    )  # type: ignore[arg-type]
     assert (out.score, out.passed, out.total) == (0.0, 0, 1)
     assert out.cases[0].detail == "sandbox error: backend went away"
 
@@ -103,7 +108,9 @@ def test_tool_runs_code_in_the_sandbox(real_sandbox: Sandbox) -> None:
     assert tool({"code": "import time\ntime.sleep(10)"}) == "TimeoutError: killed after 2 s"
     flood = tool({"code": "print('z' * 100000)"})
     assert flood.startswith("z" * 300 + "\n...[truncated ") and flood.endswith(" bytes]")
-    assert os.environ.get("ARBORL_TEST_SECRET", "") not in tool({"code": "import os\nprint(dict(os.environ))"})
+    assert os.environ.get("ARBORL_TEST_SECRET", "") not in tool(
+        {"code": "import os\nprint(dict(os.environ))"}
+    )
 
 
 def test_program_style_comparison_ignores_trailing_whitespace(real_sandbox: Sandbox) -> None:
