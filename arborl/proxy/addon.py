@@ -206,6 +206,12 @@ class ArborlAddon:
         decision = self.s.policy.check_host(req.host)
         if not decision.allowed:
             return self._refuse(flow, 403, decision.reason, "refused_policy")
+        # The upstream server routes by Host, not by where we connect: a mismatch would let an
+        # allowed front (e.g. a CDN) serve a refused site ("domain fronting").
+        stated = req.host_header
+        if stated and policy_mod.authority_host(stated) != policy_mod.normalise_host(req.host):
+            reason = f"Host header {stated!r} does not match the request's host {req.host!r}"
+            return self._refuse(flow, 403, reason, "refused_policy")
         if reason := self._take_budget():
             return self._refuse(flow, 429, reason, "refused_rate")
         declared = req.headers.get("content-length", "")

@@ -124,6 +124,16 @@ def parse_host_port(entry: str) -> tuple[str, int]:
     return normalise_host(host), port
 
 
+def authority_host(authority: str) -> str:
+    """The host part of a ``Host`` header or ``:authority`` (``h``, ``h:port``, ``[v6]:port``)."""
+    authority = authority.strip()
+    if authority.startswith("["):
+        return normalise_host(authority[: authority.find("]") + 1])
+    if authority.count(":") == 1:
+        return normalise_host(authority.split(":", 1)[0])
+    return normalise_host(authority)
+
+
 def ip_literal(host: str) -> IPAddress | None:
     """Return the IP address if ``host`` is an IP literal, else None."""
     try:

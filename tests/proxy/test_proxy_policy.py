@@ -9,7 +9,14 @@ import pytest
 
 from arborl.proxy import ProxyConfig
 from arborl.proxy.cache import ResponseCache, make_key, normalise_url
-from arborl.proxy.policy import Policy, blocked_reason, host_matches, parse_host_port, validate_pattern
+from arborl.proxy.policy import (
+    Policy,
+    authority_host,
+    blocked_reason,
+    host_matches,
+    parse_host_port,
+    validate_pattern,
+)
 
 
 @pytest.mark.parametrize(
@@ -92,6 +99,13 @@ def test_parse_host_port() -> None:
     for bad in ("localhost", "::1:80", "host:0", "host:http"):
         with pytest.raises(ValueError):
             parse_host_port(bad)
+
+
+def test_authority_host() -> None:
+    assert authority_host("Example.com") == "example.com"
+    assert authority_host("example.com:8080") == "example.com"
+    assert authority_host("[::1]:443") == "::1"
+    assert authority_host("[::1]") == "::1"
 
 
 def test_normalise_url_and_key() -> None:

@@ -114,6 +114,23 @@ def test_non_public_destinations_are_refused_without_connecting(
     assert after["upstream_connections"] == 0
 
 
+def test_host_header_must_match_the_request_host(start_proxy: Start, upstream: Upstream) -> None:
+    port = upstream.server_address[1]
+    proxy = start_proxy(allow=("api.test",), tcp_port=0, **_reach(upstream))
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
+        s.sendall(f"GET http://api.test:{port}/front HTTP/1.1\r\nHost: refused.test\r\n\r\n".encode())
+        reply = b""
+        while b"match" not in reply:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 403")
+    assert b"Host header 'refused.test' does not match the request's host 'api.test'" in reply
+    assert fetch(proxy.url, f"http://api.test:{port}/ok").status == 200  # Host: api.test:PORT matches
+    assert upstream.paths == ["/ok"]
+
+
 def test_record_then_replay_serves_same_bodies_with_zero_upstream_hits(
     start_proxy: Start, upstream: Upstream, tmp_path: Path
 ) -> None:
