@@ -24,9 +24,11 @@ checked empty, and nothing else is writable. Memory the snippet used is freed wi
 
 What it does NOT isolate: the kernel is shared (a kernel exploit escapes; use a microVM for that,
 see ``microvm.md``); runc is the boundary (Debian's 1.1.5+ds1-1+deb12u1 carries the
-CVE-2024-21626 fix); CPU time is shared with the host beyond ``--cpus``; a snippet can ptrace or
-signal the runner of its own run (same uid) and so forge that run's result, which is no more
-than it could report by printing and exiting 0.
+CVE-2024-21626 fix); CPU time is shared with the host beyond ``--cpus``; Docker's default seccomp
+profile allows ``ptrace`` among the snippet's own processes (the runner is made undumpable, so
+it cannot be traced or read) and does not filter ``ioctl(TIOCSTI)`` (no tty is attached, so
+there is nothing to inject into). A snippet can signal its own runner (same uid): that only
+ends its own run (timed out, or an error result) and the container is replaced.
 
 The image is built locally (no registry needed) by :func:`ensure_image` from the host's own
 interpreter: the binary, the shared libraries it and its extension modules load, and the stdlib.

@@ -266,3 +266,27 @@ def test_runc_keeps_host_fds_out_of_workdir(docker_host: str, tmp_path) -> None:
         r = docker_cli(docker_host, "run", "--rm", "--network", "none", "--user", "65534:65534",
                        "-w", f"/proc/self/fd/{fd}", image, "/usr/bin/python3", "-I", "-S", "-c", probe)
         assert r.returncode != 0 or r.stdout.strip() == "False", (fd, r.stdout, r.stderr)
+
+
+def test_snippet_cannot_trace_or_read_its_runner(backend: DockerBackend) -> None:
+    code = """
+import ctypes, os
+runner = os.getppid()
+res = []
+for path in (f"/proc/{runner}/mem", f"/proc/{runner}/environ"):
+    try:
+        open(path, "rb").read(1); res.append("read")
+    except OSError as e:
+        res.append(e.errno)
+try:
+    os.listdir(f"/proc/{runner}/fd"); res.append("read")
+except OSError as e:
+    res.append(e.errno)
+libc = ctypes.CDLL(None, use_errno=True)
+res.append(libc.ptrace(16, runner, 0, 0))  # PTRACE_ATTACH
+res.append(ctypes.get_errno())
+print(res)
+"""
+    r = backend.run_python(code)
+    assert r.ok, r.stderr
+    assert r.stdout.strip() == "[13, 13, 13, -1, 1]"  # EACCES x3, then ptrace fails with EPERM
