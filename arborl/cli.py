@@ -60,6 +60,9 @@ def _run(args: argparse.Namespace, stages: list[str] | None) -> int:
     from arborl.train.config import TrainConfig
     from arborl.train.pipeline import run_pipeline
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own bars show the stages; per-load bars are noise
     console = Console(stderr=False)
     overrides = list(args.set or [])
     if stages is not None:

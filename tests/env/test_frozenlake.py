@@ -233,3 +233,11 @@ def test_passes_check_env(kwargs):
     env = FrozenLake(**kwargs)
     for seed in (0, 1, HELDOUT_SEED_START):
         check_env(env, seed=seed, n_steps=60)
+
+
+def test_rows_cols_format_lists_each_column_top_to_bottom():
+    from arborl.env.envs import FrozenLake
+
+    env = FrozenLake(obs_format="rows+cols")
+    obs, _ = env.reset(options={"desc": ["SFFH", "FFFF", "FHFF", "HFFG"]})
+    assert env.format_observation(obs) == "0:P__H 1:____ 2:_H__ 3:H__G c0:P__H c1:__H_ c2:____ c3:H__G"

@@ -8,6 +8,10 @@ Two renderings, chosen per env with ``obs_format``:
   better than one token per cell. When the last step needs a comment, one status word comes
   first (``invalid``, ``goal``, ``hole``, ``solved``, ``timeout``, ``ended``); an ordinary step
   has no prefix, so the vocabulary stays small.
+* ``"rows+cols"``: the ``rows`` words followed by one word per column (``c0:<column read top to
+  bottom>`` ...). Every cell appears twice, so the cells above and below the player sit in one
+  token just as the cells left and right of it do; a 2-layer model then reads "is there a hole
+  next to me" from two tokens instead of relating characters across row tokens.
 * ``"grid"``: a multi-line grid with a legend, the status sentence and the valid actions, for
   real LLMs.
 """
@@ -18,7 +22,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-OBS_FORMATS = ("rows", "grid")
+OBS_FORMATS = ("rows", "rows+cols", "grid")
 
 STATUS_WORDS = ("", "invalid", "goal", "hole", "solved", "timeout", "ended")
 """Status of the step that produced an observation; ``""`` is an ordinary step."""
@@ -44,13 +48,15 @@ def check_obs_format(obs_format: str, env_name: str) -> None:
     if obs_format not in OBS_FORMATS:
         raise ValueError(
             f"{env_name}: obs_format={obs_format!r} is unknown; use one of {list(OBS_FORMATS)} "
-            "('rows' for tiny word-level tokenizers, 'grid' for LLMs)."
+            "('rows' or 'rows+cols' for tiny word-level tokenizers, 'grid' for LLMs)."
         )
 
 
-def render_rows(obs: GridObs) -> str:
-    """The ``"rows"`` rendering: ``[status] 0:<row0> 1:<row1> ...``."""
+def render_rows(obs: GridObs, *, with_cols: bool = False) -> str:
+    """The ``"rows"`` rendering ``[status] 0:<row0> 1:<row1> ...``, plus ``c0:<col0> ...`` if ``with_cols``."""
     words = [f"{i}:{row}" for i, row in enumerate(obs.rows)]
+    if with_cols and obs.rows:
+        words += [f"c{j}:{''.join(row[j] for row in obs.rows)}" for j in range(len(obs.rows[0]))]
     if obs.status:
         words.insert(0, obs.status)
     return " ".join(words)

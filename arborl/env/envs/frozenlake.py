@@ -236,7 +236,7 @@ class FrozenLake:
         is_slippery: Gymnasium's slippery ice (intended move with probability 1/3, each
             perpendicular move 1/3); draws come from a generator seeded by ``reset(seed=...)``.
         max_steps: Steps (valid or not) before truncation; ``None`` means ``2 * rows * cols``.
-        obs_format: ``"rows"`` (tiny tokenizers) or ``"grid"`` (LLMs).
+        obs_format: ``"rows"`` / ``"rows+cols"`` (tiny tokenizers) or ``"grid"`` (LLMs).
         fixed_corners: Start top-left and goal bottom-right instead of random cells.
         heldout_seed_start: Seeds from here on play held-out maps only, seeds below it training
             maps only; ``None`` turns the split off. Keep it equal to the trainer's eval seed start.
@@ -359,8 +359,8 @@ class FrozenLake:
 
     def format_observation(self, obs: GridObs) -> str:
         """Render ``obs`` in this env's ``obs_format``."""
-        if self.obs_format == "rows":
-            return render_rows(obs)
+        if self.obs_format in ("rows", "rows+cols"):
+            return render_rows(obs, with_cols=self.obs_format == "rows+cols")
         rows, cols = len(obs.rows), len(obs.rows[0]) if obs.rows else 0
         slip = " The ice is slippery: a move may slide you sideways." if self.is_slippery else ""
         intro = f"FrozenLake {rows}x{cols}. Walk to the goal G without stepping into a hole H.{slip}"

@@ -274,7 +274,7 @@ class Sokoban:
         num_boxes: Boxes (and targets) per generated room, 1 to 4.
         max_steps: Steps (valid or not) before truncation; ``None`` means
             ``10 * interior_cells // 4`` (40 for 6x6). Generated rooms need at most this many moves.
-        obs_format: ``"rows"`` (tiny tokenizers) or ``"grid"`` (LLMs).
+        obs_format: ``"rows"`` / ``"rows+cols"`` (tiny tokenizers) or ``"grid"`` (LLMs).
         box_reward: Shaping: +``box_reward`` when a push puts a box on a target, minus it when a
             push takes one off (0 disables).
         max_gen_attempts: Rooms tried per reset before giving up with an error.
@@ -398,8 +398,8 @@ class Sokoban:
 
     def format_observation(self, obs: GridObs) -> str:
         """Render ``obs`` in this env's ``obs_format``."""
-        if self.obs_format == "rows":
-            return render_rows(obs)
+        if self.obs_format in ("rows", "rows+cols"):
+            return render_rows(obs, with_cols=self.obs_format == "rows+cols")
         intro = "Sokoban. Push every box onto a target. You can push one box at a time and cannot pull."
         legend = "# wall, _ floor, O target, X box, V box on target, P you, S you on a target"
         return render_grid(obs, intro=intro, legend=legend, actions=ACTIONS)
