@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import signal
+import stat
 import sys
 import threading
 import traceback
@@ -86,6 +87,7 @@ class Runtime:
         self.port = 0
         self._instance: Any = None  # mitmproxy's regular-mode server instance
         self._servers: list[asyncio.base_events.Server] = []
+        self._created: list[str] = []  # socket files this process made (and removes at exit)
 
     async def _handoff(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # Hand the unix-socket stream straight to mitmproxy's regular-mode server, as if it had
@@ -107,11 +109,14 @@ class Runtime:
             writer.close()
 
     async def _unix_server(self, path: str, handler: Any, mode: int) -> None:
+        # Remove a stale socket from a crashed run, but never some other file at that path.
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)
         server = await asyncio.start_unix_server(handler, path)
         os.chmod(path, mode)
         self._servers.append(server)
+        self._created.append(path)
 
     async def running(self) -> None:
         """mitmproxy hook: its servers listen now; open ours and announce readiness."""
@@ -138,10 +143,9 @@ class Runtime:
         """mitmproxy hook: stop listening and remove our socket files."""
         for server in self._servers:
             server.close()
-        for path in (self.socket_path, self.admin_path):
-            if path:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+        for path in self._created:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
         if self.addon.cache is not None:
             self.addon.cache.close()
 
@@ -200,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = json.load(f)
     try:
         asyncio.run(serve(cfg, args.watch_stdin))
+    except SystemExit as exc:  # mitmproxy's errorcheck addon exits this way on startup errors
+        return exc.code if isinstance(exc.code, int) else 1
     except Exception:
         traceback.print_exc()
         return 1

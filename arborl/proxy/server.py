@@ -23,6 +23,7 @@ import os
 import select
 import shutil
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -121,6 +122,10 @@ class ProxyServer:
         os.chmod(state_dir, 0o711)  # others may traverse to the socket but not list the dir
         socket_path = cfg.socket_path or os.path.join(state_dir, "proxy.sock")
         os.makedirs(os.path.dirname(os.path.abspath(socket_path)), exist_ok=True)
+        if os.path.lexists(socket_path) and not stat.S_ISSOCK(os.lstat(socket_path).st_mode):
+            raise FileExistsError(
+                f"socket_path {socket_path!r} exists and is not a socket; choose another path"
+            )
         confdir = cfg.confdir or str(default_confdir())
         os.makedirs(confdir, exist_ok=True)
         cache_path = os.path.abspath(cfg.cache_path) if cfg.cache_path else None
@@ -205,7 +210,10 @@ class ProxyServer:
                 text = line.decode(errors="replace")
                 if text.startswith(_READY):
                     return dict(json.loads(text[len(_READY) :]))
-        rc = self._proc.poll()
+        try:
+            rc: int | None = self._proc.wait(timeout=2)  # stdout closed: the exit code is imminent
+        except subprocess.TimeoutExpired:
+            rc = None
         why = f"exited with code {rc}" if rc is not None else f"was not ready within {timeout} s"
         raise RuntimeError(f"arborl proxy {why}; log tail:\n{self.log_tail()}")
 

@@ -317,3 +317,21 @@ def test_proxy_exits_when_its_parent_is_killed(proxy_venv: str) -> None:
         parent.kill()
         if state_dir:
             shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def test_start_failures_are_reported_with_the_cause(proxy_venv: str, tmp_path: Path) -> None:
+    keep = tmp_path / "not-a-socket"
+    keep.write_text("precious")
+    with pytest.raises(FileExistsError, match="is not a socket"):
+        ProxyServer(ProxyConfig(allow=("a.test",), socket_path=str(keep))).start()
+    assert keep.read_text() == "precious"
+    with pytest.raises(FileNotFoundError, match="record one first"):
+        ProxyServer(ProxyConfig(mode="replay", cache_path=str(tmp_path / "none.sqlite"))).start()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = ProxyConfig(allow=("a.test",), tcp_port=taken.getsockname()[1])
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"exited with code 1(.|\n)*address already in use"):
+            ProxyServer(busy).start()
+        assert time.monotonic() - started < busy.start_timeout_s  # failed fast, not by timeout
