@@ -13,6 +13,7 @@ not be writable by others; otherwise the module is compiled in memory and not ca
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ctypes
 import functools
@@ -20,6 +21,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import shutil
 import socket
 import struct
 import subprocess
@@ -177,7 +179,8 @@ def compiled_module(wasm_path: str) -> str:
 
 # -- scratch tmpfs ---------------------------------------------------------------------------
 
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MNT_DETACH = 2, 4, 8, 2
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE, _MNT_DETACH = 2, 4, 8, 0x4000, 0x40000, 2
+_CLONE_NEWNS = 0x20000
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -258,15 +261,19 @@ def send_request(sock: socket.socket, req: dict, fds: list[int]) -> None:
 
 
 def worker(argv: list[str]) -> None:
-    """Worker main: ``worker([socket_fd, cwasm_path, memory_mb])``; runs requests until EOF.
+    """Worker main: ``worker([socket_fd, cwasm, memory_mb, disk_mb, writable, base_dir])``.
 
-    Every run gets a new ``Store`` and instance, so nothing of one run's wasm state reaches the
-    next; the process is only replaced when the backend kills it at a wall deadline.
+    Runs requests until EOF. Every run gets a new ``Store`` and instance, so nothing of one run's
+    wasm state reaches the next; the process is only replaced when the backend kills it at a wall
+    deadline. With ``writable``, the worker lives in its own mount namespace, so the per-run
+    tmpfs mounts are invisible to the host and vanish with the worker if it is killed.
     """
     import wasmtime
 
     sock = socket.socket(fileno=int(argv[0]))
-    memory_mb = int(argv[2])
+    memory_mb, disk_mb, writable, base = int(argv[2]), int(argv[3]), argv[4] == "1", argv[5]
+    if writable:
+        _private_mounts()
     engine = make_engine()
     module = wasmtime.Module.deserialize_file(engine, argv[1])
     linker = wasmtime.Linker(engine)
@@ -286,26 +293,55 @@ def worker(argv: list[str]) -> None:
         os.dup2(fds[1], 2)
         for fd in fds:
             os.close(fd)
+        run_dir = tempfile.mkdtemp(prefix="run-", dir=base)
         try:
-            status = _run_one(req, engine, module, linker, memory_mb)
+            _prepare(run_dir, req, disk_mb if writable else 0)
+            status = _run_one(run_dir, req, writable, engine, module, linker, memory_mb)
         except Exception as exc:  # reported to the backend as a sandbox error
             status = {"error": f"wasm run failed: {exc!r}"}
+        finally:
+            if writable:
+                umount(os.path.join(run_dir, "scratch"))
+            shutil.rmtree(run_dir, ignore_errors=True)
         os.dup2(devnull, 1)  # drop our copies of the run's pipes: the backend's readers see EOF
         os.dup2(devnull, 2)
         sock.sendall(json.dumps(status).encode() + b"\n")
 
 
-def _run_one(req: dict, engine, module, linker, memory_mb: int) -> dict[str, object]:
+def _private_mounts() -> None:
+    """Enter a new mount namespace whose mounts never propagate back to the host."""
+    if _libc.unshare(_CLONE_NEWNS) != 0 or _libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+        raise SandboxError(f"cannot create a private mount namespace: {os.strerror(ctypes.get_errno())}")
+
+
+def _prepare(run_dir: str, req: dict, disk_mb: int) -> None:
+    """Lay out one run: ``scratch/`` (a tmpfs of ``disk_mb`` if > 0) with the files, the code, stdin."""
+    scratch = os.path.join(run_dir, "scratch")
+    os.mkdir(scratch, 0o700)
+    if disk_mb:
+        mount_tmpfs(scratch, disk_mb)
+    try:
+        write_files(scratch, {name: base64.b64decode(b64) for name, b64 in req["files"]})
+    except OSError as exc:
+        raise SandboxError(f"the files passed in do not fit in disk_mb={disk_mb}: {exc}") from exc
+    os.mkdir(os.path.join(run_dir, "code"), 0o700)
+    with open(os.path.join(run_dir, "code", "main.py"), "w", encoding="utf-8", errors="surrogatepass") as f:
+        f.write(req["code"])
+    with open(os.path.join(run_dir, "stdin"), "wb") as f:
+        f.write(req["stdin"].encode("utf-8", "surrogatepass"))
+
+
+def _run_one(run_dir: str, req: dict, writable: bool, engine, module, linker, memory_mb: int) -> dict[str, object]:
     import wasmtime
 
     wasi = wasmtime.WasiConfig()
     wasi.argv = ["python", "-S", "-c", _BOOT]
     wasi.env = _ENV
-    wasi.stdin_file = req["stdin"]
+    wasi.stdin_file = os.path.join(run_dir, "stdin")
     wasi.inherit_stdout()
     wasi.inherit_stderr()
-    wasi.preopen_dir(req["scratch"], "/scratch", fs_mutable=req["writable"])
-    wasi.preopen_dir(req["code_dir"], os.path.dirname(SNIPPET_PATH), fs_mutable=False)
+    wasi.preopen_dir(os.path.join(run_dir, "scratch"), "/scratch", fs_mutable=writable)
+    wasi.preopen_dir(os.path.join(run_dir, "code"), os.path.dirname(SNIPPET_PATH), fs_mutable=False)
     store = wasmtime.Store(engine)
     store.set_wasi(wasi)
     limit = memory_mb << 20

@@ -15,10 +15,11 @@ runs wasm itself. The run's stdout/stderr are pipes the caller reads with a byte
 the rest.
 
 Disk. WASI has no quota of its own, so the scratch directory is a fresh tmpfs of
-``limits.disk_mb`` mounted for each run and unmounted afterwards: a real cap. Mounting needs root
-(CAP_SYS_ADMIN); without it the scratch is preopened read-only (the snippet reads the files it is
-given and can write nothing), which also keeps the cap. ``writable`` in the result of
-:meth:`WasmBackend.probe_scratch` says which mode a machine gets.
+``limits.disk_mb`` (and a matching inode cap) mounted for each run and unmounted afterwards: a
+real cap. The worker mounts it inside its own mount namespace, so the host never sees these
+mounts and a killed worker leaves none behind. Mounting needs root (CAP_SYS_ADMIN); without it
+the scratch is preopened read-only (the snippet reads the files it is given and can write
+nothing), which also keeps the cap. :attr:`WasmBackend.writable` says which mode is in use.
 
 What it does NOT isolate: the wasmtime runtime itself is the boundary (a wasmtime bug escapes);
 the workers run with the caller's uid; CPU time is not capped beyond the epoch deadline;
@@ -32,6 +33,7 @@ wasm's sha256 and the wasmtime version, so only the first construction on a mach
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -104,13 +106,9 @@ class WasmBackend:
             return str(exc)
         return None
 
-    @staticmethod
-    def probe_scratch() -> dict[str, bool]:
-        """Which scratch mode this machine gets: ``{"writable": True}`` when tmpfs can be mounted."""
-        return {"writable": rt.can_mount_tmpfs()}
-
     def _spawn(self) -> _Worker:
-        w = _Worker(self._cwasm, self.limits.memory_mb)
+        w = _Worker([self._cwasm, str(self.limits.memory_mb), str(self.limits.disk_mb), str(int(self.writable)),
+                     self._dir])
         with self._lock:
             self._workers.add(w)
         return w
@@ -136,34 +134,13 @@ class WasmBackend:
         if self._closed:
             raise SandboxError("WasmBackend is closed; create a new one")
         t0 = time.monotonic()
-        clean = validate_files(files)
-        run_dir = tempfile.mkdtemp(prefix="run-", dir=self._dir)
-        scratch, ctl = os.path.join(run_dir, "scratch"), os.path.join(run_dir, "ctl")
-        os.mkdir(scratch, 0o700)
-        os.mkdir(ctl, 0o700)
-        mounted = False
-        try:
-            if self.writable:
-                rt.mount_tmpfs(scratch, self.limits.disk_mb)
-                mounted = True
-            try:
-                rt.write_files(scratch, clean)
-            except OSError as exc:
-                raise SandboxError(f"the files passed in do not fit in disk_mb={self.limits.disk_mb}: {exc}") from exc
-            with open(os.path.join(ctl, "stdin"), "wb") as f:
-                f.write(stdin.encode("utf-8", "surrogatepass"))
-            os.mkdir(os.path.join(ctl, "code"), 0o700)
-            with open(os.path.join(ctl, "code", "main.py"), "w", encoding="utf-8", errors="surrogatepass") as f:
-                f.write(code)
-            res = self._run(scratch, ctl)
-        finally:
-            if mounted:
-                rt.umount(scratch)
-            shutil.rmtree(run_dir, ignore_errors=True)
+        req = {"code": code, "stdin": stdin, "wall_s": self.limits.wall_s, "cpu_s": self.limits.cpu_s,
+               "files": [[name, base64.b64encode(data).decode()] for name, data in validate_files(files).items()]}
+        res = self._run(req)
         res.duration_s = time.monotonic() - t0
         return res
 
-    def _run(self, scratch: str, ctl: str) -> ExecResult:
+    def _run(self, req: dict[str, object]) -> ExecResult:
         try:
             w = self._idle.get(timeout=1.0)
         except queue.Empty:
@@ -176,8 +153,6 @@ class WasmBackend:
                    for i, fd in enumerate((out_r, err_r))]
         for t in readers:
             t.start()
-        req = {"scratch": scratch, "stdin": os.path.join(ctl, "stdin"), "code_dir": os.path.join(ctl, "code"),
-               "writable": self.writable, "wall_s": self.limits.wall_s, "cpu_s": self.limits.cpu_s}
         killed, status = False, None
         try:
             rt.send_request(w.sock, req, [out_w, err_w])
@@ -190,7 +165,7 @@ class WasmBackend:
         finally:
             os.close(out_w)
             os.close(err_w)
-        if killed or status is None or "error" in status:
+        if killed or status is None or str(status.get("error", "")).startswith("wasm worker died"):
             self._retire(w)  # its pipes close with it, so the readers below finish
         else:
             self._idle.put(w)
@@ -247,11 +222,11 @@ class WasmBackend:
 class _Worker:
     """One worker process (:func:`~arborl.sandbox._wasm_runtime.worker`) and its socket."""
 
-    def __init__(self, cwasm: str, memory_mb: int) -> None:
+    def __init__(self, args: list[str]) -> None:
         self.sock, theirs = socket.socketpair()
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "import sys; from arborl.sandbox._wasm_runtime import worker; worker(sys.argv[1:])",
-             str(theirs.fileno()), cwasm, str(memory_mb)],
+             str(theirs.fileno()), *args],
             pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, env={"PYTHONPATH": os.pathsep.join(sys.path), "PATH": "/usr/bin:/bin"})
         theirs.close()

@@ -206,3 +206,12 @@ time.sleep(60)
     while any(map(alive, pids)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(map(alive, pids))
+
+
+def test_killed_run_leaves_no_mount_and_files_too_big_are_an_error(writable: WasmBackend) -> None:
+    assert writable.run_python("import time\ntime.sleep(60)").timed_out
+    assert arborl_mounts() == []  # the mounts live in the worker's own mount namespace
+    big = {"big.bin": b"x" * ((LIMITS.disk_mb + 1) << 20)}
+    r = writable.run_python("print(1)", files=big)
+    assert not r.ok and r.error is not None and "do not fit" in r.error
+    assert writable.run_python("print(1)").stdout == "1\n"
