@@ -63,7 +63,7 @@ DEFAULT_PRELOAD = (
     "numpy",
 )  # fmt: skip
 _START_TIMEOUT_S = 20.0
-_HOST_GRACE_S = 0.5  # the zygote enforces the deadline; the host kills the worker this much later
+_HOST_GRACE_S = 0.3  # the zygote enforces the deadline; the host kills the worker this much later
 
 
 def _recv_msg(sock: socket.socket, timeout: float) -> dict:

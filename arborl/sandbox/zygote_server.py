@@ -161,25 +161,34 @@ class Server:
         start = time.monotonic()
         dirs = self.make_cgroups() if self.cg_dirs else []
         try:
-            runner = self.fork_into_namespaces(fds, dirs)
+            runner, held = self.fork_into_namespaces(fds, dirs)
         finally:
             for fd in fds:
                 os.close(fd)  # only the runner may hold the caller's pipes, or EOF never comes
         report = self.wait(runner, start)
         report["memory_exceeded"] = self.oom_killed(dirs)
         send_msg(self.sock, report)
-        self.remove_cgroups(dirs)  # after answering: the caller need not wait for the rmdir
+        # After answering, the caller need not wait for these: dropping the last reference to
+        # the request's mount/ipc namespaces unmounts its tmpfs (an RCU wait), then the cgroups.
+        for fd in held:
+            os.close(fd)
+        self.remove_cgroups(dirs)
 
-    def fork_into_namespaces(self, fds: list[int], dirs: list[str]) -> int:
-        """Fork the runner as pid 1 of fresh pid/mount/ipc/uts namespaces; return its pid.
+    def fork_into_namespaces(self, fds: list[int], dirs: list[str]) -> tuple[int, list[int]]:
+        """Fork the runner as pid 1 of fresh pid/mount/ipc/uts namespaces.
 
         ``unshare`` also moves the zygote itself into the new mount/ipc/uts namespaces (and sets
         its children's pid namespace), so it returns to its own ones with ``setns`` right after
-        the fork. This avoids an intermediate process per request.
+        the fork. This avoids an intermediate process per request. The zygote keeps an fd on the
+        request's mount and ipc namespaces, so their teardown does not delay the runner's exit.
+
+        Returns:
+            The runner's pid and the namespace fds to close once the caller has its answer.
         """
         sys.stdout.flush()
         sys.stderr.flush()
         _check(_libc.unshare(CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
+        held = [os.open(f"/proc/self/ns/{ns}", os.O_RDONLY | os.O_CLOEXEC) for ns in ("mnt", "ipc")]
         try:
             pid = os.fork()
             if pid == 0:
@@ -187,7 +196,7 @@ class Server:
         finally:
             for fd, flag in self.home_ns:
                 _check(_libc.setns(fd, flag), "setns back to the zygote's namespaces")
-        return pid
+        return pid, held
 
     def wait(self, runner: int, start: float) -> dict:
         """Wait for the runner until the wall deadline (then SIGKILL it); report its status."""
