@@ -76,6 +76,7 @@ class Server:
         self.load_seccomp = self.launcher.bpf_loader(config["bpf"])
         self.cg_dirs = [os.path.join(CG_MOUNT, str(i)) for i in range(config["cg_count"])]
         self.counter = 0
+        self.next_dirs: list[str] = []
         # The zygote's own namespaces, to return to after each fork (see fork_into_namespaces).
         self.home_ns = [
             (os.open(f"/proc/self/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), flag)
@@ -159,7 +160,7 @@ class Server:
             send_msg(self.sock, {"exit_code": None, "error": f"zygote: malformed request {tag!r}"})
             return
         start = time.monotonic()
-        dirs = self.make_cgroups() if self.cg_dirs else []
+        dirs, self.next_dirs = self.next_dirs or (self.make_cgroups() if self.cg_dirs else []), []
         try:
             runner, held = self.fork_into_namespaces(fds, dirs)
         finally:
@@ -173,6 +174,8 @@ class Server:
         for fd in held:
             os.close(fd)
         self.remove_cgroups(dirs)
+        # The next request's cgroups are made now, off its hot path.
+        self.next_dirs = self.make_cgroups() if self.cg_dirs else []
 
     def fork_into_namespaces(self, fds: list[int], dirs: list[str]) -> tuple[int, list[int]]:
         """Fork the runner as pid 1 of fresh pid/mount/ipc/uts namespaces.
