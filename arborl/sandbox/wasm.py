@@ -51,6 +51,7 @@ from arborl.sandbox import _wasm_runtime as rt
 from arborl.sandbox.base import ExecResult, Limits, SandboxError
 from arborl.sandbox.common import validate_files
 
+_MIN_MEMORY_MB = 16
 _GRACE_S = 0.5  # after the wall deadline before SIGKILL; the epoch trap normally fires first
 
 
@@ -77,6 +78,9 @@ class WasmBackend:
                                "use the bwrap or docker backend for runs that need the proxy")
         if pool_size < 1:
             raise ValueError(f"pool_size must be >= 1, got {pool_size}")
+        if limits.memory_mb < _MIN_MEMORY_MB:
+            raise SandboxError(f"the wasm backend needs Limits.memory_mb >= {_MIN_MEMORY_MB} (CPython's initial "
+                               f"wasm heap is 10 MiB), got {limits.memory_mb}; raise memory_mb")
         if wasm_path is None and (reason := self.probe()) is not None:
             raise SandboxError(reason)
         self.limits = limits

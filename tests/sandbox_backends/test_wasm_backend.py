@@ -215,3 +215,11 @@ def test_killed_run_leaves_no_mount_and_files_too_big_are_an_error(writable: Was
     r = writable.run_python("print(1)", files=big)
     assert not r.ok and r.error is not None and "do not fit" in r.error
     assert writable.run_python("print(1)").stdout == "1\n"
+
+
+def test_small_memory_limit_is_checked_and_not_misreported(wasm_ready: str) -> None:
+    with pytest.raises(SandboxError, match="memory_mb >= 16"):
+        WasmBackend(Limits(memory_mb=8))
+    with WasmBackend(Limits(memory_mb=16), pool_size=1) as b:
+        r = b.run_python("1/0")
+    assert r.exit_code == 1 and not r.memory_exceeded and "ZeroDivisionError" in r.stderr
