@@ -252,11 +252,16 @@ killall()
 if not wipe("/scratch"):
     frame(b"x", json.dumps({"error": "scratch not clean"}).encode())
     sys.exit(71)
-for name, size in req["files"]:
-    path = os.path.join("/scratch", name)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(readn(size))
+try:
+    for name, size in req["files"]:
+        path = os.path.join("/scratch", name)
+        data = readn(size)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+except OSError as e:
+    frame(b"x", json.dumps({"error": f"the files passed in do not fit in the scratch dir ({e})"}).encode())
+    sys.exit(72)
 code = os.memfd_create("snippet", 0)
 os.write(code, req["code"].encode("utf-8", "surrogatepass"))
 os.lseek(code, 0, 0)

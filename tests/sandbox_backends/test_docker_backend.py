@@ -290,3 +290,9 @@ print(res)
     r = backend.run_python(code)
     assert r.ok, r.stderr
     assert r.stdout.strip() == "[13, 13, 13, -1, 1]"  # EACCES x3, then ptrace fails with EPERM
+
+
+def test_files_larger_than_the_scratch_are_an_error(backend: DockerBackend) -> None:
+    r = backend.run_python("print(1)", files={"big.bin": b"x" * ((LIMITS.disk_mb + 1) << 20)})
+    assert not r.ok and r.error is not None and "do not fit" in r.error
+    assert backend.run_python("print(1)").stdout == "1\n"
