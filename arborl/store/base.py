@@ -239,6 +239,14 @@ class TrajectoryStore(Protocol):
         """Every matching episode, oldest first, read page by page."""
         ...
 
+    def iter_rows(self, *, batch_size: int = 1000, **filters: Any) -> Iterator[IndexRow]:
+        """Every matching index row, oldest first (no body reads)."""
+        ...
+
+    def index_row(self, episode_id: str) -> IndexRow:
+        """The index row of one episode."""
+        ...
+
     def slice(self, episode_id: str, start: int = 0, stop: int | None = None) -> list[Turn]:
         """Turns ``start..stop-1`` along the episode's main path."""
         ...

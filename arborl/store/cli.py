@@ -140,9 +140,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
     with open_store(args.url, create=False) as store:
         prof = store.profile(group_by=cols, **_filters(args))
     data = [p.to_dict() for p in prof]
-    t = Table(title=f"capability profile of {redact(args.url)}")
-    for c in (*cols, "count", "scored", "success rate", "mean reward", "mean turns"):
-        t.add_column(c, justify="right" if c not in ("task_type", "source", "stop_reason", "task_id") else "left")
+    t = Table(title=f"capability profile of {redact(args.url)}",
+              caption="success = success rate among scored episodes; reward and turns are means")
+    for c in cols:
+        t.add_column(c, min_width=len(c), overflow="fold")
+    for c in ("count", "scored", "success", "reward", "turns"):
+        t.add_column(c, justify="right")
     for p in prof:
         sr = "-" if p.success_rate is None else f"{p.success_rate:.1%}"
         t.add_row(*(str(p.group[c]) for c in cols), str(p.count), str(p.n_scored), sr,

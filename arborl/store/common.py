@@ -1,42 +1,84 @@
 """Behaviour shared by the backends: paging, iteration, media, export and SQL filter text.
 
-A backend subclasses :class:`BaseStore` and provides ``_rows`` (one keyset page of index rows
-in either order) and ``_load_many`` (bodies for index rows); everything the protocol derives
-from those two lives here once.
+A backend subclasses :class:`BaseStore` and provides the abstract methods, among them ``_rows``
+(one keyset page of index rows in either order) and ``_load_many`` (bodies for index rows);
+what the protocol derives from those (query pages, cursors, iteration, media, export) lives
+here once.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
-from arborl.store.base import Filters, IndexRow, Page, StoreConfig, check_limit, decode_cursor
+from arborl.store.base import (
+    Filters,
+    IndexRow,
+    Page,
+    ProfileRow,
+    StoreConfig,
+    check_limit,
+    decode_cursor,
+    encode_cursor,
+)
 from arborl.store.blob import BlobStore
-from arborl.trajectory.schema import Episode, MediaRef
+from arborl.trajectory.schema import Episode, MediaRef, Turn
 
 
-class BaseStore:
-    """Derived operations on top of a backend's ``_rows`` and ``_load_many``."""
+class BaseStore(ABC):
+    """Derived operations on top of a backend's primitives (the abstract methods below)."""
 
     blobs: BlobStore
     config: StoreConfig
 
     # --- provided by backends ------------------------------------------------------------------
+    @abstractmethod
     def _rows(self, f: Filters, *, descending: bool, limit: int,
               after: tuple[float, Any] | None) -> list[tuple[IndexRow, Any]]:
         """Up to ``limit`` index rows after the keyset position, with each row's tiebreak key."""
-        raise TypeError(f"{type(self).__name__} must implement _rows")
 
+    @abstractmethod
     def _load_many(self, rows: Sequence[IndexRow]) -> list[Episode]:
         """Episodes for index rows, in the same order."""
-        raise TypeError(f"{type(self).__name__} must implement _load_many")
+
+    @abstractmethod
+    def put_many(self, episodes: Iterable[Episode | dict[str, Any]]) -> list[str]:
+        """See :class:`~arborl.store.base.TrajectoryStore`."""
+
+    @abstractmethod
+    def get_many(self, episode_ids: Sequence[str]) -> list[Episode]:
+        """See :class:`~arborl.store.base.TrajectoryStore`."""
+
+    @abstractmethod
+    def index_row(self, episode_id: str) -> IndexRow:
+        """The index row of one episode; :class:`~arborl.store.base.EpisodeNotFound` if absent."""
+
+    @abstractmethod
+    def slice(self, episode_id: str, start: int = 0, stop: int | None = None) -> list[Turn]:
+        """See :class:`~arborl.store.base.TrajectoryStore`."""
+
+    @abstractmethod
+    def count(self, **filters: Any) -> int:
+        """See :class:`~arborl.store.base.TrajectoryStore`."""
+
+    @abstractmethod
+    def profile(self, group_by: Sequence[str] = ("task_type", "policy_version"), **filters: Any) -> list[ProfileRow]:
+        """See :class:`~arborl.store.base.TrajectoryStore`."""
+
+    @abstractmethod
+    def expire(self, older_than: timedelta | None = None, task_type: str | None = None,
+               now: float | None = None) -> int:
+        """See :class:`~arborl.store.base.TrajectoryStore`."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release connections and the blob store."""
 
     # --- derived -----------------------------------------------------------------------------
     def _page(self, limit: int, cursor: str | None, filters: dict[str, Any]) -> tuple[list[IndexRow], str | None]:
-        from arborl.store.base import encode_cursor
-
         check_limit(limit)
         after = decode_cursor(cursor) if cursor else None
         got = self._rows(Filters.make(**filters), descending=True, limit=limit + 1, after=after)
@@ -91,9 +133,6 @@ class BaseStore:
         """The stored episode; raises :class:`~arborl.store.base.EpisodeNotFound` if absent."""
         return self.get_many([episode_id])[0]
 
-    def get_many(self, episode_ids: Sequence[str]) -> list[Episode]:  # pragma: no cover - overridden
-        raise TypeError(f"{type(self).__name__} must implement get_many")
-
     def put_media(self, data: bytes, mime: str = "application/octet-stream") -> MediaRef:
         """Store media bytes by content hash in the blob store; reference them from a Turn.
 
@@ -123,7 +162,7 @@ class BaseStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()  # type: ignore[attr-defined]
+        self.close()
 
 
 def sql_where(f: Filters, ph: str) -> tuple[list[str], list[Any]]:

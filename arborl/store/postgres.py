@@ -207,6 +207,15 @@ class PostgresStore(BaseStore):
             out.append(episode_from(eid, sv, meta, turns.get(seq, [])))
         return out
 
+    def index_row(self, episode_id: str) -> IndexRow:
+        """The index row of one episode."""
+        with self.pool.connection() as conn:
+            r = conn.execute(f"{_SELECT_ROW} e WHERE (e.seq, e.created_at) = (SELECT seq, created_at FROM arborl_keys "
+                             "WHERE episode_id = %s)", (episode_id,)).fetchone()
+        if r is None:
+            raise EpisodeNotFound(episode_id)
+        return IndexRow(*r[1:])
+
     def slice(self, episode_id: str, start: int = 0, stop: int | None = None) -> list[Turn]:
         """Turns ``start..stop-1`` along the main path, reading only those turn rows."""
         if start < 0 or (stop is not None and stop < 0):

@@ -6,8 +6,10 @@ Layout (``LAYOUT_VERSION`` in table ``store_meta``; a newer layout is refused on
   without its turns. ``seq`` (integer primary key) is the insertion order and keyset tiebreak.
   Indexes: ``episode_id`` and ``content_hash`` unique; (task_type, created_at);
   (created_at); (policy_version, created_at); (source, iteration).
-* ``turns``: one row per turn, clustered by (episode seq, creation order), with the turn's
-  position on the main path. ``slice`` reads only the rows it returns; no body is decoded.
+* ``turns``: one row per turn with the turn's position on the main path. Its integer primary
+  key is ``(episode seq << 20) | creation order``, so the turns of an episode are adjacent in the
+  table b-tree (no second index, and rows up to ~4 KB stay on their page). ``slice`` reads only
+  the rows it returns; no other turn is decoded.
 * ``tags``: (tag, episode seq) for tag filters.
 
 Writes run in ``BEGIN IMMEDIATE`` transactions in WAL mode: one ``put_many`` is atomic, several
@@ -69,9 +71,8 @@ CREATE INDEX IF NOT EXISTS episodes_time ON episodes(created_at);
 CREATE INDEX IF NOT EXISTS episodes_policy_time ON episodes(policy_version, created_at);
 CREATE INDEX IF NOT EXISTS episodes_source_iter ON episodes(source, iteration);
 CREATE TABLE IF NOT EXISTS turns(
-  ep INTEGER NOT NULL, seq INTEGER NOT NULL, path_index INTEGER, turn_id TEXT NOT NULL,
-  parent_id TEXT, reward REAL NOT NULL, timings TEXT NOT NULL, body TEXT NOT NULL,
-  PRIMARY KEY(ep, seq)) WITHOUT ROWID;
+  id INTEGER PRIMARY KEY, path_index INTEGER, turn_id TEXT NOT NULL, parent_id TEXT,
+  reward REAL NOT NULL, timings TEXT NOT NULL, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS tags(tag TEXT NOT NULL, ep INTEGER NOT NULL, PRIMARY KEY(tag, ep)) WITHOUT ROWID;
 """
 
@@ -80,6 +81,9 @@ ROW_COLUMNS = ("episode_id", "task_id", "task_type", "group_id", "source", "iter
                "tags", "schema_version")
 _SELECT_ROW = "SELECT seq, " + ", ".join(ROW_COLUMNS) + " FROM episodes"
 _CHUNK = 500  # stay well under SQLite's bound-parameter limit
+TURN_BITS = 20
+"""Turn row id = (episode seq << TURN_BITS) | turn creation order: up to 2**20 turns per episode."""
+_TURNS_OF = "SELECT id >> 20, turn_id, parent_id, timings, body FROM turns WHERE id >= ? AND id < ? ORDER BY id"
 
 
 def _row(r: Sequence[Any]) -> IndexRow:
@@ -169,10 +173,10 @@ class SQLiteStore(BaseStore):
             found.update(self._db.execute(
                 f"SELECT content_hash, episode_id FROM episodes WHERE content_hash IN ({marks})", hashes))
             ids = [p.row.episode_id for p in part]
+            mine = {p.row.episode_id: p.row.content_hash for p in part}
             for eid, h in self._db.execute(
                     f"SELECT episode_id, content_hash FROM episodes WHERE episode_id IN ({marks})", ids):
-                mine = next(p.row.content_hash for p in part if p.row.episode_id == eid)
-                if h != mine:
+                if h != mine[eid]:
                     raise SchemaError(
                         f"episode_id {eid} is already stored with different content; episodes are "
                         "immutable, so store the new version under a new episode_id")
@@ -188,11 +192,14 @@ class SQLiteStore(BaseStore):
             ep_rows.append((k, r.episode_id, r.content_hash, r.task_id, r.task_type, r.group_id, r.source,
                             r.iteration, r.policy_version, r.reward, r.success, r.n_turns, r.n_nodes,
                             r.stop_reason, r.created_at, json.dumps(r.tags), r.schema_version, p.meta))
-            turn_rows += [(k, t.seq, t.path_index, t.turn_id, t.parent_id, t.reward, t.timings, t.body)
-                          for t in p.turns]
+            if len(p.turns) >= 1 << TURN_BITS:
+                raise StoreError(f"episode {r.episode_id} has {len(p.turns)} turns; the SQLite store holds "
+                                 f"at most {(1 << TURN_BITS) - 1} per episode")
+            turn_rows += [((k << TURN_BITS) | t.seq, t.path_index, t.turn_id, t.parent_id, t.reward, t.timings,
+                           t.body) for t in p.turns]
             tag_rows += [(tag, k) for tag in set(r.tags)]
         self._db.executemany(f"INSERT INTO episodes VALUES ({','.join('?' * 18)})", ep_rows)
-        self._db.executemany("INSERT INTO turns VALUES (?,?,?,?,?,?,?,?)", turn_rows)
+        self._db.executemany("INSERT INTO turns VALUES (?,?,?,?,?,?,?)", turn_rows)
         self._db.executemany("INSERT INTO tags VALUES (?,?)", tag_rows)
 
     # --- read ----------------------------------------------------------------------------------
@@ -237,11 +244,11 @@ class SQLiteStore(BaseStore):
                         f"SELECT seq, episode_id, schema_version, meta FROM episodes WHERE episode_id IN ({marks})",
                         part):
                     metas[eid] = (seq, sv, meta)
-                seqs = [metas[e][0] for e in part if e in metas]
-                marks = ",".join("?" * len(seqs))
-                got = self._db.execute(
-                    f"SELECT ep, turn_id, parent_id, timings, body FROM turns WHERE ep IN ({marks}) "
-                    "ORDER BY ep, seq", seqs).fetchall()
+                got = []
+                for e in part:
+                    if e in metas:
+                        k = metas[e][0]
+                        got += self._db.execute(_TURNS_OF, (k << TURN_BITS, (k + 1) << TURN_BITS)).fetchall()
                 for (ep, tid, pid, tim, _), td in zip(got, parse_bodies([r[4] for r in got]), strict=True):
                     bodies.setdefault(ep, []).append(turn_dict(tid, pid, tim, td))
         out = []
@@ -264,9 +271,11 @@ class SQLiteStore(BaseStore):
                 "SELECT seq, schema_version FROM episodes WHERE episode_id = ?", (episode_id,)).fetchone()
             if head is None:
                 raise EpisodeNotFound(episode_id)
+            k = head[0]
             tds = [turn_dict(*r) for r in self._db.execute(
-                "SELECT turn_id, parent_id, timings, body FROM turns WHERE ep = ? AND path_index >= ? "
-                "AND path_index < ? ORDER BY path_index", (head[0], start, 2**62 if stop is None else stop))]
+                "SELECT turn_id, parent_id, timings, body FROM turns WHERE id >= ? AND id < ? AND path_index >= ? "
+                "AND path_index < ? ORDER BY path_index",
+                (k << TURN_BITS, (k + 1) << TURN_BITS, start, 2**62 if stop is None else stop))]
         return turns_from(episode_id, head[1], tds)
 
     def count(self, **filters: Any) -> int:
@@ -328,9 +337,11 @@ class SQLiteStore(BaseStore):
                 if exclude:
                     conds.append(f"task_type NOT IN ({','.join('?' * len(exclude))})")
                     args += exclude
-                sub = f"SELECT seq FROM episodes WHERE {' AND '.join(conds)}"
-                self._db.execute(f"DELETE FROM turns WHERE ep IN ({sub})", args)
-                self._db.execute(f"DELETE FROM tags WHERE ep IN ({sub})", args)
+                gone = self._db.execute(f"SELECT seq, tags FROM episodes WHERE {' AND '.join(conds)}", args).fetchall()
+                self._db.executemany("DELETE FROM turns WHERE id >= ? AND id < ?",
+                                     [(k << TURN_BITS, (k + 1) << TURN_BITS) for k, _ in gone])
+                self._db.executemany("DELETE FROM tags WHERE tag = ? AND ep = ?",
+                                     [(tag, k) for k, tags in gone for tag in set(json.loads(tags))])
                 deleted += self._db.execute(f"DELETE FROM episodes WHERE {' AND '.join(conds)}", args).rowcount
         return deleted
 

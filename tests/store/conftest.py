@@ -12,7 +12,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from storekit import make_episode  # noqa: E402
 
-BACKENDS = ["sqlite", "postgres", "postgres_partitioned", "redis", "redis_s3"]
+BACKENDS = ["sqlite", *(pytest.param(b, marks=pytest.mark.services)
+                         for b in ("postgres", "postgres_partitioned", "redis", "redis_s3"))]
 
 
 @pytest.fixture

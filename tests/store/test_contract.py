@@ -25,6 +25,10 @@ def test_put_get_round_trip_is_lossless(store_url):
         assert store.get_many([eps[3].episode_id, eps[1].episode_id]) == [eps[3], eps[1]]
         with pytest.raises(EpisodeNotFound):
             store.get("nope")
+        with pytest.raises(EpisodeNotFound):
+            store.index_row("nope")
+        with pytest.raises(EpisodeNotFound):
+            store.slice("nope", 0, 1)
 
 
 def test_duplicate_content_is_stored_once_and_returns_existing_id(store_url):
@@ -111,7 +115,7 @@ def test_slice_follows_the_main_path_only(store_url):
         assert turns == ep.path()[3:6]
         assert [t.turn_id for t in store.slice(ep.episode_id, 6)] == ["t6", "t7"]
         assert store.slice(ep.episode_id, 9, 12) == []
-        row = store.query_index()[0][0]
+        row = store.index_row(ep.episode_id)
         assert (row.n_turns, row.n_nodes, row.reward) == (8, 9, 2.0)  # side turn's reward 100 not counted
 
 

@@ -22,6 +22,7 @@ from arborl.store.blob import S3BlobStore
 from arborl.trajectory.schema import SCHEMA_VERSION, SchemaError
 
 WRITER = str(Path(__file__).parent / "writer_proc.py")
+pytestmark = pytest.mark.services
 
 
 @pytest.fixture

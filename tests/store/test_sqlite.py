@@ -38,7 +38,8 @@ def test_queries_use_indexes(sqlite_url):
         p = plan("SELECT seq FROM episodes WHERE task_type = ? AND (created_at < ? OR (created_at = ? AND seq < ?)) "
                  "ORDER BY created_at DESC, seq DESC LIMIT 100", ("search", 1.0, 1.0, 5))
         assert "episodes_type_time" in p and "TEMP B-TREE" not in p
-        p = plan("SELECT body FROM turns WHERE ep = ? AND path_index >= ? AND path_index < ?", (1, 3, 6))
-        assert "PRIMARY KEY" in p and "SCAN" not in p
+        p = plan("SELECT body FROM turns WHERE id >= ? AND id < ? AND path_index >= ? AND path_index < ?",
+                 (1 << 20, 2 << 20, 3, 6))
+        assert "INTEGER PRIMARY KEY (rowid>? AND rowid<?)" in p and "SCAN" not in p
         p = plan("SELECT seq FROM episodes WHERE content_hash IN (?)", ("x",))
         assert "sqlite_autoindex_episodes_2" in p or "content_hash" in p
