@@ -278,16 +278,18 @@ def worker(argv: list[str]) -> None:
     module = wasmtime.Module.deserialize_file(engine, argv[1])
     linker = wasmtime.Linker(engine)
     linker.define_wasi()
-    threading.Thread(target=_tick, args=(engine, os.getppid()), daemon=True).start()
+    threading.Thread(target=_tick, args=(engine, os.getppid(), base), daemon=True).start()
     devnull = os.open(os.devnull, os.O_WRONLY)
     sock.sendall(b'{"ready": true}\n')
     while True:
         try:
             head, fds, _, _ = socket.recv_fds(sock, 8, 2)
             if not head:
-                return
+                raise EOFError
             req = json.loads(recv_exact(sock, struct.unpack(">Q", head + recv_exact(sock, 8 - len(head)))[0]))
         except (EOFError, ConnectionError):
+            # The backend closed our socket: it is closing or its process died without close().
+            shutil.rmtree(base, ignore_errors=True)
             return
         os.dup2(fds[0], 1)
         os.dup2(fds[1], 2)
@@ -365,9 +367,10 @@ def _run_one(run_dir: str, req: dict, writable: bool, engine, module, linker, me
     return status
 
 
-def _tick(engine, parent: int) -> None:
-    """Advance the epoch; exit when the backend's process is gone (not PR_SET_PDEATHSIG: that
-    fires when the *thread* that spawned us ends, and workers are respawned from short threads)."""
+def _tick(engine, parent: int, base: str) -> None:
+    """Advance the epoch. When the backend's process is gone (close() never ran), remove its
+    directory and exit; not PR_SET_PDEATHSIG, which fires when the *thread* that spawned us
+    ends, and workers are respawned from short-lived threads."""
     wait = threading.Event().wait
     n = 0
     while True:
@@ -375,4 +378,5 @@ def _tick(engine, parent: int) -> None:
         engine.increment_epoch()
         n += 1
         if n % 10 == 0 and os.getppid() != parent:
+            shutil.rmtree(base, ignore_errors=True)
             os._exit(0)

@@ -185,12 +185,13 @@ import time
 from arborl.sandbox.base import Limits
 from arborl.sandbox.wasm import WasmBackend
 b = WasmBackend(Limits(), pool_size=2)
-print(" ".join(str(w.proc.pid) for w in b._workers), flush=True)
+print(b._dir, " ".join(str(w.proc.pid) for w in b._workers), flush=True)
 time.sleep(60)
 """
     p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert p.stdout is not None
-    pids = [int(x) for x in p.stdout.readline().split()]
+    private_dir, *pids_text = p.stdout.readline().split()
+    pids = [int(x) for x in pids_text]
     p.kill()  # no close()
     p.wait()
 
@@ -206,6 +207,7 @@ time.sleep(60)
     while any(map(alive, pids)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(map(alive, pids))
+    assert not os.path.exists(private_dir)  # removed by the last worker standing
 
 
 def test_killed_run_leaves_no_mount_and_files_too_big_are_an_error(writable: WasmBackend) -> None:
