@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     jl = jsonl_ingest_rate(work / "ingest.jsonl", args.ingest_n)
     rows.append(("ingest, SQLite (empty)", f"{sq:,.0f} ep/s", f"{jl:,.0f} ep/s", f"{sq / jl:.2f}x"))
     if not args.no_postgres:
-        from services import postgres_server
+        from store_services import postgres_server
 
         with postgres_server() as pg:
             pr = ingest_rate(pg, args.ingest_n, 0)

@@ -10,6 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from store_services import pg_database  # noqa: E402
 from storekit import make_episode  # noqa: E402
 
 BACKENDS = ["sqlite", *(pytest.param(b, marks=pytest.mark.services)
@@ -27,22 +28,6 @@ def aws_env(monkeypatch):
     for k, v in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
                  ("AWS_DEFAULT_REGION", "us-east-1")):
         monkeypatch.setenv(k, v)
-
-
-def pg_database(server: str, partitioned: bool, blob_dir: Path):
-    """Create a fresh database on the session's server; return (url, drop function)."""
-    import psycopg
-
-    name = "t" + uuid.uuid4().hex[:12]
-    with psycopg.connect(server, autocommit=True) as c:
-        c.execute(f"CREATE DATABASE {name}")
-
-    def drop() -> None:
-        with psycopg.connect(server, autocommit=True) as c:
-            c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
-    url = f"{server.rsplit('/', 1)[0]}/{name}?blob=file://{blob_dir}"
-    return (url + "&partitioned=month" if partitioned else url), drop
 
 
 @pytest.fixture(params=BACKENDS)
@@ -76,7 +61,7 @@ def _service(factory):
     import contextlib
     import os
 
-    from services import ServiceMissing
+    from store_services import ServiceMissing
 
     stack = contextlib.ExitStack()
     try:
@@ -90,7 +75,7 @@ def _service(factory):
 
 @pytest.fixture(scope="session")
 def pg_server():
-    from services import postgres_server
+    from store_services import postgres_server
 
     url, stack = _service(postgres_server)
     with stack:
@@ -99,7 +84,7 @@ def pg_server():
 
 @pytest.fixture(scope="session")
 def redis_url_server():
-    from services import redis_server
+    from store_services import redis_server
 
     url, stack = _service(redis_server)
     with stack:
@@ -108,7 +93,7 @@ def redis_url_server():
 
 @pytest.fixture(scope="session")
 def s3_endpoint():
-    from services import moto_server
+    from store_services import moto_server
 
     url, stack = _service(moto_server)
     with stack:

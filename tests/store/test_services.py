@@ -14,7 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from conftest import pg_database
+from store_services import pg_database
 from storekit import make_episode
 
 from arborl.store import StoreConfig, StoreError, open_store

@@ -18,7 +18,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 
 class ServiceMissing(RuntimeError):
@@ -123,3 +125,19 @@ def moto_server() -> Iterator[str]:
     port = free_port()
     with _process([sys.executable, "-m", "moto.server", "-p", str(port), "-H", "127.0.0.1"], port):
         yield f"http://127.0.0.1:{port}"
+
+
+def pg_database(server: str, partitioned: bool, blob_dir: Path) -> tuple[str, Callable[[], None]]:
+    """Create a fresh database on the session's server; return (url, drop function)."""
+    import psycopg
+
+    name = "t" + uuid.uuid4().hex[:12]
+    with psycopg.connect(server, autocommit=True) as c:
+        c.execute(f"CREATE DATABASE {name}")
+
+    def drop() -> None:
+        with psycopg.connect(server, autocommit=True) as c:
+            c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+    url = f"{server.rsplit('/', 1)[0]}/{name}?blob=file://{blob_dir}"
+    return (url + "&partitioned=month" if partitioned else url), drop
