@@ -2,7 +2,7 @@
 
 Each call starts ``bwrap`` as user ``nobody`` (so its user namespace maps to an unprivileged
 host uid) with ``--unshare-all --unshare-user --disable-userns --new-session --die-with-parent
---clearenv``, runs Debian's ``/usr/bin/python3 -I`` on :mod:`arborl.sandbox.launcher`, and
+--clearenv``, runs Debian's ``/usr/bin/python3 -I -S`` on :mod:`arborl.sandbox.launcher`, and
 tears everything down before returning.
 
 What it isolates:
@@ -152,7 +152,7 @@ class BwrapBackend:
         try:
             os.write(payload_fd, request)
             os.lseek(payload_fd, 0, os.SEEK_SET)
-            argv = [*self._argv_head, "--seccomp", str(bpf_fd), "--", common.SYSTEM_PYTHON, "-I", "-B",
+            argv = [*self._argv_head, "--seccomp", str(bpf_fd), "--", common.SYSTEM_PYTHON, "-I", "-S", "-B",
                     "-c", common.launcher_source(), str(payload_fd)]  # fmt: skip
             return common.run_once(
                 argv, limits=self.limits, backend=self.name, pass_fds=(payload_fd, bpf_fd), via_bwrap=True

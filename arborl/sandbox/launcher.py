@@ -166,8 +166,49 @@ def prepare(request: dict) -> None:
         start_relay(request["relay_src"], request["proxy_socket"])
 
 
+class _Quitter:
+    """``exit`` / ``quit`` as ``site`` defines them (the one-shot interpreter runs with ``-S``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Use {self.name}() or Ctrl-D (i.e. EOF) to exit"
+
+    def __call__(self, code: object = None) -> None:
+        with contextlib.suppress(Exception):
+            sys.stdin.close()
+        raise SystemExit(code)
+
+
+def _help(*args: object, **kwargs: object) -> object:
+    import pydoc
+
+    return pydoc.help(*args, **kwargs)
+
+
+def minimal_site() -> None:
+    """What ``site`` gives a snippet, without its cost (``-S`` saves 3-7 ms per run).
+
+    Adds Debian's system package directories to ``sys.path`` (no ``.pth`` processing) and the
+    ``exit``, ``quit`` and ``help`` builtins.
+    """
+    import builtins
+
+    ver = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    for path in (f"/usr/local/lib/python{ver}/dist-packages", "/usr/lib/python3/dist-packages",
+                 f"/usr/lib/python{ver}/dist-packages"):  # fmt: skip
+        if os.path.isdir(path) and path not in sys.path:
+            sys.path.append(path)
+    builtins.exit = _Quitter("exit")  # type: ignore[attr-defined]
+    builtins.quit = _Quitter("quit")  # type: ignore[attr-defined]
+    builtins.help = _help  # type: ignore[attr-defined]
+
+
 def main() -> None:
-    """Entry point inside a one-shot sandbox: ``python3 -I -c SOURCE PAYLOAD_FD``."""
+    """Entry point inside a one-shot sandbox: ``python3 -I -S -c SOURCE PAYLOAD_FD``."""
+    if "site" not in sys.modules:
+        minimal_site()
     request = pickle.loads(read_fd(int(sys.argv[1])))
     # Nothing the parent holds (cgroup files, the seccomp fd) must stay reachable from the snippet.
     os.closerange(3, 1 << 16)

@@ -134,7 +134,7 @@ class ProcessBackend:
             os.write(payload_fd, request)
             os.lseek(payload_fd, 0, os.SEEK_SET)
             opts, proxy = self._tmpfs_opts, self.proxy_socket
-            argv = [common.SYSTEM_PYTHON, "-I", "-B", "-c", common.launcher_source(), str(payload_fd)]
+            argv = [common.SYSTEM_PYTHON, "-I", "-S", "-B", "-c", common.launcher_source(), str(payload_fd)]
             return common.run_once(
                 argv, limits=self.limits, backend=self.name, pass_fds=(payload_fd,),
                 before_drop=lambda: _isolate(opts, proxy), after_drop=self._load_seccomp, env=dict(common.SANDBOX_ENV),

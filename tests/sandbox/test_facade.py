@@ -113,3 +113,13 @@ def test_no_cgroup_is_left_behind(backend_name: str) -> None:
         sb.run_python("import time\ntime.sleep(10)")  # killed at the deadline
         sb.run_python("print(1)")
     assert mine() == before
+
+
+def test_site_builtins_and_system_packages_are_there(sandbox: Sandbox) -> None:
+    if sandbox.backend_name not in ("bwrap", "zygote", "process"):
+        pytest.skip("docker and wasm run without site's exit/quit/help (reported to their owner)")
+    res = sandbox.run_python(
+        "import sys\nprint(callable(exit), callable(quit), callable(help))\n"
+        "print(any(p.endswith('dist-packages') for p in sys.path) or sys.platform == 'wasi')\nexit(3)"
+    )
+    assert (res.stdout, res.exit_code) == ("True True True\nTrue\n", 3), res
