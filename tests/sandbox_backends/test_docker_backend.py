@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import FakeProxy, docker_cli
+from backendkit import FakeProxy, docker_cli
 
 from arborl.sandbox._docker_image import ensure_image
 from arborl.sandbox.base import Limits, SandboxError
