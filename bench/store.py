@@ -90,7 +90,7 @@ def bulk_fill(db_path: Path, jsonl_path: Path, n: int) -> float:
     import sqlite3
 
     open_store(f"sqlite:///{db_path}").close()  # create the layout
-    template = prepare(make(0))
+    template = prepare(make(0), pack=True)
     meta = json.loads(template.meta)
     line_tpl = make(0).to_json()
     t0 = time.perf_counter()
@@ -110,13 +110,13 @@ def bulk_fill(db_path: Path, jsonl_path: Path, n: int) -> float:
                                 f"g{i // 8}", "rl", i // 5000, i // 50_000, template.row.reward, int(i % 3 == 0),
                                 8, 8, "terminated", created, "[]", 1, json.dumps(m)))
                 turn_rows += [(((i + 1) << 20) | t.seq, t.path_index, t.turn_id, t.parent_id, t.reward, t.timings,
-                               t.body) for t in template.turns]
+                               t.packed[0], *t.packed[1]) for t in template.turns]
                 lines.append(line_tpl.replace(template.row.episode_id, eid, 1)
                              .replace('"task_type":"search"', f'"task_type":"{tt}"', 1)
                              .replace(f'"created_at":{BASE_T}', f'"created_at":{created}', 1))
             db.execute("BEGIN")
             db.executemany(f"INSERT INTO episodes VALUES ({','.join('?' * 18)})", ep_rows)
-            db.executemany("INSERT INTO turns VALUES (?,?,?,?,?,?,?)", turn_rows)
+            db.executemany("INSERT INTO turns VALUES (?,?,?,?,?,?,?,?,?,?,?)", turn_rows)
             db.execute("COMMIT")
             jf.write("\n".join(lines) + "\n")
     db.close()

@@ -26,6 +26,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from arborl.store.base import IndexRow, check_schema_version
+from arborl.store.packing import pack_arrays
 from arborl.trajectory.schema import Episode, MediaRef, SchemaError, ToolCall, Turn
 
 _JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
@@ -53,6 +54,8 @@ class TurnRow:
     reward: float
     timings: str
     body: str
+    packed: tuple[str, list[bytes | None]] | None = None
+    """With ``prepare(..., pack=True)``: (JSON without the packed arrays, packed arrays)."""
 
 
 @dataclass
@@ -91,7 +94,7 @@ def _dumps(obj: Any, enc: json.JSONEncoder, where: str) -> str:
         raise SchemaError(f"{where} is not JSON-able with finite numbers: {e}") from e
 
 
-def _turn_rows(ep: Episode) -> list[TurnRow]:
+def _turn_rows(ep: Episode, pack: bool) -> list[TurnRow]:
     order = {t.turn_id: i for i, t in enumerate(ep.turns)}
     pos = {t.turn_id: i for i, t in enumerate(ep.path())}
     rows = []
@@ -103,9 +106,12 @@ def _turn_rows(ep: Episode) -> list[TurnRow]:
         d["turn_id"] = i
         d["parent_id"] = None if t.parent_id is None else order[t.parent_id]
         timings = d.pop("timings")
-        rows.append(TurnRow(seq=i, path_index=pos.get(t.turn_id), turn_id=t.turn_id, parent_id=t.parent_id,
-                            reward=float(t.reward), timings=_dumps(timings, _JSON, where),
-                            body=_dumps(d, _CANON, where)))
+        row = TurnRow(seq=i, path_index=pos.get(t.turn_id), turn_id=t.turn_id, parent_id=t.parent_id,
+                      reward=float(t.reward), timings=_dumps(timings, _JSON, where), body=_dumps(d, _CANON, where))
+        if pack:
+            rest, blobs = pack_arrays(d)
+            row.packed = (_dumps(rest, _JSON, where), blobs)
+        rows.append(row)
     return rows
 
 
@@ -120,8 +126,10 @@ def content_hash_of(ep: Episode, turns: list[TurnRow]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def prepare(item: Episode | dict[str, Any]) -> Prepared:
+def prepare(item: Episode | dict[str, Any], pack: bool = False) -> Prepared:
     """Validate one episode (or episode dict) and split it into rows.
+
+    With ``pack``, each turn row also carries its token arrays packed (see :mod:`arborl.store.packing`).
 
     Raises:
         SchemaError: naming the malformed field (unknown/missing fields, newer schema version,
@@ -132,7 +140,7 @@ def prepare(item: Episode | dict[str, Any]) -> Prepared:
         raise SchemaError(f"put_many takes Episode objects or episode dicts, got {type(ep).__name__}")
     ep.validate()
     _check_index_fields(ep)
-    turns = _turn_rows(ep)
+    turns = _turn_rows(ep, pack)
     meta = _dumps({f: getattr(ep, f) for f in _EPISODE_FIELDS}, _JSON, f"episode {ep.episode_id}")
     path = [t for t in turns if t.path_index is not None]
     row = IndexRow(

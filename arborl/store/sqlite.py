@@ -6,7 +6,8 @@ Layout (``LAYOUT_VERSION`` in table ``store_meta``; a newer layout is refused on
   without its turns. ``seq`` (integer primary key) is the insertion order and keyset tiebreak.
   Indexes: ``episode_id`` and ``content_hash`` unique; (task_type, created_at);
   (created_at); (policy_version, created_at); (source, iteration).
-* ``turns``: one row per turn with the turn's position on the main path. Its integer primary
+* ``turns``: one row per turn with the turn's position on the main path; its token arrays are
+  packed binary columns when exact (:mod:`arborl.store.packing`), the rest is JSON. Its integer primary
   key is ``(episode seq << 20) | creation order``, so the turns of an episode are adjacent in the
   table b-tree (no second index, and rows up to ~4 KB stay on their page). ``slice`` reads only
   the rows it returns; no other turn is decoded.
@@ -42,6 +43,7 @@ from arborl.store.base import (
 from arborl.store.blob import BlobStore, FileBlobStore
 from arborl.store.codec import (
     Prepared,
+    TurnRow,
     dedup_batch,
     episode_from,
     parse_bodies,
@@ -50,6 +52,7 @@ from arborl.store.codec import (
     turns_from,
 )
 from arborl.store.common import BaseStore, expiry_rules, keyset_condition, sql_where
+from arborl.store.packing import unpack_into
 from arborl.trajectory.schema import Episode, SchemaError, Turn
 
 LAYOUT_VERSION = 1
@@ -72,7 +75,8 @@ CREATE INDEX IF NOT EXISTS episodes_policy_time ON episodes(policy_version, crea
 CREATE INDEX IF NOT EXISTS episodes_source_iter ON episodes(source, iteration);
 CREATE TABLE IF NOT EXISTS turns(
   id INTEGER PRIMARY KEY, path_index INTEGER, turn_id TEXT NOT NULL, parent_id TEXT,
-  reward REAL NOT NULL, timings TEXT NOT NULL, body TEXT NOT NULL);
+  reward REAL NOT NULL, timings TEXT NOT NULL, body TEXT NOT NULL,
+  prompt_ids BLOB, output_ids BLOB, output_logprobs BLOB, output_mask BLOB);
 CREATE TABLE IF NOT EXISTS tags(tag TEXT NOT NULL, ep INTEGER NOT NULL, PRIMARY KEY(tag, ep)) WITHOUT ROWID;
 """
 
@@ -83,7 +87,14 @@ _SELECT_ROW = "SELECT seq, " + ", ".join(ROW_COLUMNS) + " FROM episodes"
 _CHUNK = 500  # stay well under SQLite's bound-parameter limit
 TURN_BITS = 20
 """Turn row id = (episode seq << TURN_BITS) | turn creation order: up to 2**20 turns per episode."""
-_TURNS_OF = "SELECT id >> 20, turn_id, parent_id, timings, body FROM turns WHERE id >= ? AND id < ? ORDER BY id"
+_TURN_COLS = "turn_id, parent_id, timings, body, prompt_ids, output_ids, output_logprobs, output_mask"
+_TURNS_OF = f"SELECT id >> 20, {_TURN_COLS} FROM turns WHERE id >= ? AND id < ? ORDER BY id"
+
+
+def _packed(t: TurnRow) -> tuple[Any, ...]:
+    """(body, prompt_ids, output_ids, output_logprobs, output_mask) column values of a turn."""
+    body, blobs = t.packed if t.packed is not None else (t.body, [None] * 4)
+    return (body, *blobs)
 
 
 def _row(r: Sequence[Any]) -> IndexRow:
@@ -151,7 +162,7 @@ class SQLiteStore(BaseStore):
             SchemaError: an episode is malformed, or reuses a stored episode_id for other content.
                 Nothing from the call is stored.
         """
-        prepared = [prepare(e) for e in episodes]
+        prepared = [prepare(e, pack=True) for e in episodes]
         unique, alias = dedup_batch(prepared)
         with self._write():
             existing = self._existing(unique)
@@ -196,10 +207,10 @@ class SQLiteStore(BaseStore):
                 raise StoreError(f"episode {r.episode_id} has {len(p.turns)} turns; the SQLite store holds "
                                  f"at most {(1 << TURN_BITS) - 1} per episode")
             turn_rows += [((k << TURN_BITS) | t.seq, t.path_index, t.turn_id, t.parent_id, t.reward, t.timings,
-                           t.body) for t in p.turns]
+                           *_packed(t)) for t in p.turns]
             tag_rows += [(tag, k) for tag in set(r.tags)]
         self._db.executemany(f"INSERT INTO episodes VALUES ({','.join('?' * 18)})", ep_rows)
-        self._db.executemany("INSERT INTO turns VALUES (?,?,?,?,?,?,?)", turn_rows)
+        self._db.executemany("INSERT INTO turns VALUES (?,?,?,?,?,?,?,?,?,?,?)", turn_rows)
         self._db.executemany("INSERT INTO tags VALUES (?,?)", tag_rows)
 
     # --- read ----------------------------------------------------------------------------------
@@ -249,8 +260,8 @@ class SQLiteStore(BaseStore):
                     if e in metas:
                         k = metas[e][0]
                         got += self._db.execute(_TURNS_OF, (k << TURN_BITS, (k + 1) << TURN_BITS)).fetchall()
-                for (ep, tid, pid, tim, _), td in zip(got, parse_bodies([r[4] for r in got]), strict=True):
-                    bodies.setdefault(ep, []).append(turn_dict(tid, pid, tim, td))
+                for r, td in zip(got, parse_bodies([r[4] for r in got]), strict=True):
+                    bodies.setdefault(r[0], []).append(turn_dict(r[1], r[2], r[3], unpack_into(td, r[5:])))
         out = []
         for eid in ids:
             if eid not in metas:
@@ -272,8 +283,8 @@ class SQLiteStore(BaseStore):
             if head is None:
                 raise EpisodeNotFound(episode_id)
             k = head[0]
-            tds = [turn_dict(*r) for r in self._db.execute(
-                "SELECT turn_id, parent_id, timings, body FROM turns WHERE id >= ? AND id < ? AND path_index >= ? "
+            tds = [turn_dict(r[0], r[1], r[2], unpack_into(json.loads(r[3]), r[4:])) for r in self._db.execute(
+                f"SELECT {_TURN_COLS} FROM turns WHERE id >= ? AND id < ? AND path_index >= ? "
                 "AND path_index < ? ORDER BY path_index",
                 (k << TURN_BITS, (k + 1) << TURN_BITS, start, 2**62 if stop is None else stop))]
         return turns_from(episode_id, head[1], tds)

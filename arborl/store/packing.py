@@ -1,0 +1,60 @@
+"""Token arrays as packed binary, for the SQLite turn rows.
+
+A turn's ``prompt_ids``, ``output_ids``, ``output_logprobs`` and ``output_mask`` are most of its
+size, and parsing them from JSON dominates read time (about 28 us for a 120-number turn against
+11 us packed). Packing is exact or not done: ids and the mask are packed only when every value is
+a plain ``int`` that fits (int32 for ids, 0/1 for the mask), log-probs only when every value is a
+plain ``float`` (float64, bit-exact). Anything else (bools, ints among the log-probs, ids of 2**31
+or more) stays in the JSON body, so a read-back turn is equal *and* hashes equal to the one
+written. Byte order is little-endian on disk.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from typing import Any
+
+ARRAY_FIELDS = ("prompt_ids", "output_ids", "output_logprobs", "output_mask")
+_CODE = {"prompt_ids": "i", "output_ids": "i", "output_logprobs": "d", "output_mask": "b"}
+_SWAP = sys.byteorder == "big"
+
+
+def _pack(values: Any, code: str) -> bytes | None:
+    if not isinstance(values, list):
+        return None
+    kind = float if code == "d" else int
+    if not all(type(x) is kind for x in values):
+        return None
+    try:
+        a = array(code, values)
+    except OverflowError:
+        return None
+    if code == "b" and any(x not in (0, 1) for x in a):
+        return None
+    if _SWAP:
+        a.byteswap()
+    return a.tobytes()
+
+
+def _unpack(data: bytes, code: str) -> list[Any]:
+    a = array(code)
+    a.frombytes(data)
+    if _SWAP:
+        a.byteswap()
+    return a.tolist()
+
+
+def pack_arrays(d: dict[str, Any]) -> tuple[dict[str, Any], list[bytes | None]]:
+    """Split a turn dict into (the rest, packed arrays); ``None`` where a field stays in the rest."""
+    blobs = [_pack(d.get(name), _CODE[name]) for name in ARRAY_FIELDS]
+    rest = {k: v for k, v in d.items() if not (k in _CODE and blobs[ARRAY_FIELDS.index(k)] is not None)}
+    return rest, blobs
+
+
+def unpack_into(td: dict[str, Any], blobs: tuple[bytes | None, ...] | list[bytes | None]) -> dict[str, Any]:
+    """Put packed arrays back into a turn dict (in place; returns it)."""
+    for name, data in zip(ARRAY_FIELDS, blobs, strict=True):
+        if data is not None:
+            td[name] = _unpack(data, _CODE[name])
+    return td
