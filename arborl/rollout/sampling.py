@@ -39,7 +39,8 @@ def sample_next(
         scores = logp
         if cfg.top_p < 1.0:
             scores = _top_p_filter(logp, cfg.top_p)
-        u = torch.rand(scores.shape, generator=generator, device=scores.device)
+        # Draw on the generator's device (a CPU generator can drive a GPU model reproducibly).
+        u = torch.rand(scores.shape, generator=generator, device=generator.device).to(scores.device)
         gumbel = -torch.log(-torch.log(u.clamp_(min=1e-20, max=1.0 - 1e-7)))
         tokens = (scores + gumbel).argmax(dim=-1)
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
