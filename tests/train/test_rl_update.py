@@ -1,0 +1,43 @@
+"""One RL update moves log-probs in the direction of the advantages, and only on trained tokens."""
+
+import torch
+
+from arborl.config import load_config
+from arborl.env.envs import FrozenLake
+from arborl.policy import ChatRenderer, ModelConfig, build_model, token_logprobs, train_tokenizer
+from arborl.rollout import EpisodeSpec, ModelPolicy, run_episodes
+from arborl.train.batch import broadcast, collate, step_batch
+from arborl.train.config import TrainConfig
+from arborl.train.rl import _update
+
+
+def test_update_follows_advantage_sign():
+    torch.manual_seed(0)
+    env = FrozenLake(size=4)
+    corpus = []
+    for s in range(30):
+        obs, _ = env.reset(seed=s)
+        corpus.append(env.format_observation(obs))
+    tok = train_tokenizer(corpus, extra_words=["Left", "Down", "Right", "Up"])
+    model = build_model(ModelConfig(hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=2), tok, seed=0).eval()
+    cfg = load_config(TrainConfig, None, ["rl.ppo_epochs=1", "rl.minibatch_size=16", "rl.lr=1e-3", "rl.kl_coef=0.0",
+                                          "rollout.max_turns=3", "rollout.sampling.max_new_tokens=3"])
+    specs = [EpisodeSpec(task_id="t", task_type="frozenlake", group_id=f"g{i // 4}", seed=i // 4) for i in range(16)]
+    eps = run_episodes(ModelPolicy(model, ChatRenderer(tok)), lambda: FrozenLake(size=4), specs, cfg.rollout,
+                       generator=torch.Generator().manual_seed(0))
+    batch = collate(eps)
+    steps = step_batch(eps)
+    # +1 for even episodes, -1 for odd ones, on every turn
+    step_adv = torch.where(steps.episode % 2 == 0, 1.0, -1.0)
+    adv = broadcast(step_adv, batch.step_of_token) * batch.loss_mask
+    with torch.no_grad():
+        before = token_logprobs(model, batch.input_ids, batch.attention_mask)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    terms = _update(model, opt, cfg, batch, adv, None, torch.Generator().manual_seed(0))
+    assert terms["diag/clip_frac"] == 0.0  # first and only pass is exactly on-policy
+    with torch.no_grad():
+        after = token_logprobs(model, batch.input_ids, batch.attention_mask)
+    d = after - before
+    trained = batch.loss_mask > 0
+    assert d[trained & (adv > 0)].mean() > 0 > d[trained & (adv < 0)].mean()
+    assert (adv * d)[trained].sum() > 0
