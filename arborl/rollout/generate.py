@@ -55,6 +55,7 @@ class LMSession:
         generator: Random source for sampling.
         reuse_cache: Keep each slot's cache across turns (``False``: drop the cache and prefill
             the whole history every turn; slower, for tests and benchmarks).
+        num_threads: torch intra-op threads during :meth:`generate` (``None``: unchanged).
     """
 
     def __init__(
@@ -66,8 +67,10 @@ class LMSession:
         sampling: SamplingConfig,
         generator: torch.Generator,
         reuse_cache: bool = True,
+        num_threads: int | None = None,
     ) -> None:
         self.model = model
+        self.num_threads = num_threads
         self.end_token_ids = list(end_token_ids)
         self.pad_token_id = int(pad_token_id)
         self.sampling = sampling
@@ -93,11 +96,20 @@ class LMSession:
         self._pending.pop(slot, None)
         self._history.pop(slot, None)
 
-    @torch.inference_mode()
     def generate(self, requests: list[TurnRequest]) -> list[TurnOutput]:
         """Generate one turn for every live slot; returns outputs in request order."""
         if not requests:
             return []
+        before = torch.get_num_threads()
+        if self.num_threads is not None:
+            torch.set_num_threads(self.num_threads)
+        try:
+            return self._generate(requests)
+        finally:
+            torch.set_num_threads(before)
+
+    @torch.inference_mode()
+    def _generate(self, requests: list[TurnRequest]) -> list[TurnOutput]:
         by_slot = {r.slot: r for r in requests}
         if len(by_slot) != len(requests):
             raise ValueError("two turn requests name the same slot; give each live episode its own slot")

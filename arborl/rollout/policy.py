@@ -51,6 +51,9 @@ class ModelPolicy:
         renderer: A ChatRenderer, or a tokenizer (then one is built with ``system_prompt``).
         system_prompt: System message when ``renderer`` is a tokenizer.
         reuse_cache: ``False`` re-prefills the whole history every turn (tests, benchmarks).
+        num_threads: torch intra-op threads while generating (restored afterwards); ``None``
+            leaves the caller's setting. ``1`` is fastest for tiny models on a shared CPU
+            (measured 1.6 s against 14 s for 64 FrozenLake episodes on 2 loaded cores).
     """
 
     def __init__(
@@ -60,7 +63,10 @@ class ModelPolicy:
         *,
         system_prompt: str | None = None,
         reuse_cache: bool = True,
+        num_threads: int | None = None,
     ) -> None:
+        if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
+            raise ValueError(f"num_threads is {num_threads!r}; use a positive integer or None (leave torch's setting)")
         if not isinstance(renderer, ChatRenderer):
             renderer = ChatRenderer(renderer, system_prompt)
         elif system_prompt is not None:
@@ -68,6 +74,7 @@ class ModelPolicy:
         self.model = model.eval()
         self.renderer = renderer
         self.reuse_cache = reuse_cache
+        self.num_threads = num_threads
         tok = renderer.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_token_ids[0]
         self.pad_token_id = int(pad)
@@ -81,6 +88,7 @@ class ModelPolicy:
             sampling=sampling,
             generator=generator,
             reuse_cache=self.reuse_cache,
+            num_threads=self.num_threads,
         )
 
 

@@ -38,3 +38,23 @@ def test_model_policy_builds_its_renderer_from_a_tokenizer(model, tokenizer, ren
     assert policy.max_context_tokens == model.config.max_position_embeddings
     with pytest.raises(ValueError, match="system_prompt"):
         ModelPolicy(model, renderer, system_prompt="twice")
+
+
+def test_num_threads_applies_during_generation_only(model, renderer, monkeypatch):
+    seen = []
+    real_forward = model.forward
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real_forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", spy)
+    torch.set_num_threads(2)
+    session = ModelPolicy(model, renderer, num_threads=1).open_session(
+        SamplingConfig(greedy=True, max_new_tokens=2), torch.Generator()
+    )
+    session.generate([TurnRequest(0, renderer.first_prompt("step 0 of board"), 2)])
+    assert seen and set(seen) == {1}
+    assert torch.get_num_threads() == 2
+    with pytest.raises(ValueError, match="num_threads"):
+        ModelPolicy(model, renderer, num_threads=0)
