@@ -181,12 +181,14 @@ def compiled_module(wasm_path: str) -> str:
 
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE, _MNT_DETACH = 2, 4, 8, 0x4000, 0x40000, 2
 _CLONE_NEWNS = 0x20000
+_PR_SET_NO_NEW_PRIVS = 38
+NOBODY = 65534
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def mount_tmpfs(target: str, size_mb: int) -> None:
-    """Mount a private tmpfs of ``size_mb`` (and a matching inode cap) at ``target``."""
-    opts = f"size={size_mb}m,nr_inodes={max(1024, size_mb * 256)},mode=0700".encode()
+def mount_tmpfs(target: str, size_mb: int, *, owner: int = 0) -> None:
+    """Mount a tmpfs of ``size_mb`` (and a matching inode cap) at ``target``, its root owned by ``owner``."""
+    opts = f"size={size_mb}m,nr_inodes={max(1024, size_mb * 256)},mode=0700,uid={owner},gid={owner}".encode()
     if _libc.mount(b"arborl-wasm", target.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, opts) != 0:
         err = ctypes.get_errno()
         raise SandboxError(f"mounting the scratch tmpfs at {target} failed: {os.strerror(err)}")
@@ -265,20 +267,20 @@ def worker(argv: list[str]) -> None:
 
     Runs requests until EOF. Every run gets a new ``Store`` and instance, so nothing of one run's
     wasm state reaches the next; the process is only replaced when the backend kills it at a wall
-    deadline. With ``writable``, the worker lives in its own mount namespace, so the per-run
-    tmpfs mounts are invisible to the host and vanish with the worker if it is killed.
+    deadline. With ``writable`` (root only), the worker first makes its own mount namespace with a
+    ``disk_mb`` tmpfs for the scratch (invisible to the host, gone with the worker), then drops
+    to uid/gid 65534 for good: a wasmtime escape lands as ``nobody``, not as root.
     """
     import wasmtime
 
     sock = socket.socket(fileno=int(argv[0]))
     memory_mb, disk_mb, writable, base = int(argv[2]), int(argv[3]), argv[4] == "1", argv[5]
-    if writable:
-        _private_mounts()
     engine = make_engine()
-    module = wasmtime.Module.deserialize_file(engine, argv[1])
+    module = wasmtime.Module.deserialize_file(engine, argv[1])  # before the drop: root-only cache
     linker = wasmtime.Linker(engine)
     linker.define_wasi()
-    threading.Thread(target=_tick, args=(engine, os.getppid(), base), daemon=True).start()
+    home = _isolate(base, disk_mb) if writable else tempfile.mkdtemp(prefix="w-", dir=base)
+    threading.Thread(target=_tick, args=(engine, os.getppid(), home), daemon=True).start()
     devnull = os.open(os.devnull, os.O_WRONLY)
     sock.sendall(b'{"ready": true}\n')
     while True:
@@ -289,43 +291,67 @@ def worker(argv: list[str]) -> None:
             req = json.loads(recv_exact(sock, struct.unpack(">Q", head + recv_exact(sock, 8 - len(head)))[0]))
         except (EOFError, ConnectionError):
             # The backend closed our socket: it is closing or its process died without close().
-            shutil.rmtree(base, ignore_errors=True)
+            shutil.rmtree(home, ignore_errors=True)
             return
         os.dup2(fds[0], 1)
         os.dup2(fds[1], 2)
         for fd in fds:
             os.close(fd)
-        run_dir = tempfile.mkdtemp(prefix="run-", dir=base)
-        try:
-            _prepare(run_dir, req, disk_mb if writable else 0)
-            status = _run_one(run_dir, req, writable, engine, module, linker, memory_mb)
-        except Exception as exc:  # reported to the backend as a sandbox error
-            status = {"error": f"wasm run failed: {exc!r}"}
-        finally:
-            if writable:
-                umount(os.path.join(run_dir, "scratch"))
-            shutil.rmtree(run_dir, ignore_errors=True)
+        status = _serve_one(home, req, writable, (engine, module, linker), memory_mb)
         os.dup2(devnull, 1)  # drop our copies of the run's pipes: the backend's readers see EOF
         os.dup2(devnull, 2)
         sock.sendall(json.dumps(status).encode() + b"\n")
 
 
-def _private_mounts() -> None:
-    """Enter a new mount namespace whose mounts never propagate back to the host."""
+def _isolate(base: str, disk_mb: int) -> str:
+    """Own mount namespace, a ``disk_mb`` tmpfs at ``<home>/scratch``, then uid/gid 65534 for good."""
+    home = tempfile.mkdtemp(prefix="w-", dir=base)
+    os.mkdir(os.path.join(home, "scratch"), 0o700)
     if _libc.unshare(_CLONE_NEWNS) != 0 or _libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
         raise SandboxError(f"cannot create a private mount namespace: {os.strerror(ctypes.get_errno())}")
+    mount_tmpfs(os.path.join(home, "scratch"), disk_mb, owner=NOBODY)
+    os.chown(home, NOBODY, NOBODY)
+    os.setgroups([])
+    os.setresgid(NOBODY, NOBODY, NOBODY)
+    os.setresuid(NOBODY, NOBODY, NOBODY)  # from root to non-root: every capability is dropped too
+    _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    return home
 
 
-def _prepare(run_dir: str, req: dict, disk_mb: int) -> None:
-    """Lay out one run: ``scratch/`` (a tmpfs of ``disk_mb`` if > 0) with the files, the code, stdin."""
-    scratch = os.path.join(run_dir, "scratch")
-    os.mkdir(scratch, 0o700)
-    if disk_mb:
-        mount_tmpfs(scratch, disk_mb)
+def _serve_one(home: str, req: dict, writable: bool, wasm: tuple, memory_mb: int) -> dict[str, object]:
+    """One run in ``home``: lay it out, run it, then empty the scratch (or ask to be replaced)."""
+    run_dir = tempfile.mkdtemp(prefix="run-", dir=home)
+    scratch = os.path.join(home, "scratch") if writable else os.path.join(run_dir, "scratch")
+    try:
+        _prepare(run_dir, scratch, req)
+        status = _run_one(run_dir, scratch, req, writable, *wasm, memory_mb)
+    except Exception as exc:  # reported to the backend as a sandbox error
+        status = {"error": f"wasm run failed: {exc!r}"}
+    shutil.rmtree(run_dir, ignore_errors=True)
+    if writable and not _wipe(scratch):
+        status["unclean"] = True  # the backend replaces this worker
+    return status
+
+
+def _wipe(root: str) -> bool:
+    """Empty ``root`` (the scratch tmpfs stays mounted); ``True`` if nothing is left."""
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    return not os.listdir(root)
+
+
+def _prepare(run_dir: str, scratch: str, req: dict) -> None:
+    """Lay out one run: the files in ``scratch``, ``code/main.py`` and ``stdin`` in ``run_dir``."""
+    os.makedirs(scratch, mode=0o700, exist_ok=True)
     try:
         write_files(scratch, {name: base64.b64decode(b64) for name, b64 in req["files"]})
     except OSError as exc:
-        raise SandboxError(f"the files passed in do not fit in disk_mb={disk_mb}: {exc}") from exc
+        raise SandboxError(f"the files passed in do not fit in the scratch dir (disk_mb): {exc}") from exc
     os.mkdir(os.path.join(run_dir, "code"), 0o700)
     with open(os.path.join(run_dir, "code", "main.py"), "w", encoding="utf-8", errors="surrogatepass") as f:
         f.write(req["code"])
@@ -333,7 +359,8 @@ def _prepare(run_dir: str, req: dict, disk_mb: int) -> None:
         f.write(req["stdin"].encode("utf-8", "surrogatepass"))
 
 
-def _run_one(run_dir: str, req: dict, writable: bool, engine, module, linker, memory_mb: int) -> dict[str, object]:
+def _run_one(run_dir: str, scratch: str, req: dict, writable: bool, engine, module, linker,
+             memory_mb: int) -> dict[str, object]:
     import wasmtime
 
     wasi = wasmtime.WasiConfig()
@@ -342,7 +369,7 @@ def _run_one(run_dir: str, req: dict, writable: bool, engine, module, linker, me
     wasi.stdin_file = os.path.join(run_dir, "stdin")
     wasi.inherit_stdout()
     wasi.inherit_stderr()
-    wasi.preopen_dir(os.path.join(run_dir, "scratch"), "/scratch", fs_mutable=writable)
+    wasi.preopen_dir(scratch, "/scratch", fs_mutable=writable)
     wasi.preopen_dir(os.path.join(run_dir, "code"), os.path.dirname(SNIPPET_PATH), fs_mutable=False)
     store = wasmtime.Store(engine)
     store.set_wasi(wasi)
@@ -367,10 +394,10 @@ def _run_one(run_dir: str, req: dict, writable: bool, engine, module, linker, me
     return status
 
 
-def _tick(engine, parent: int, base: str) -> None:
-    """Advance the epoch. When the backend's process is gone (close() never ran), remove its
-    directory and exit; not PR_SET_PDEATHSIG, which fires when the *thread* that spawned us
-    ends, and workers are respawned from short-lived threads."""
+def _tick(engine, parent: int, home: str) -> None:
+    """Advance the epoch. When the backend's process is gone (close() never ran), remove this
+    worker's directory and exit; not PR_SET_PDEATHSIG, which fires when the *thread* that spawned
+    us ends, and workers are respawned from short-lived threads."""
     wait = threading.Event().wait
     n = 0
     while True:
@@ -378,5 +405,5 @@ def _tick(engine, parent: int, base: str) -> None:
         engine.increment_epoch()
         n += 1
         if n % 10 == 0 and os.getppid() != parent:
-            shutil.rmtree(base, ignore_errors=True)
+            shutil.rmtree(home, ignore_errors=True)
             os._exit(0)

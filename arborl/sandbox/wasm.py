@@ -14,16 +14,20 @@ the wall deadline, and the worker is replaced in the background; the caller's pr
 runs wasm itself. The run's stdout/stderr are pipes the caller reads with a byte cap, draining
 the rest.
 
-Disk. WASI has no quota of its own, so the scratch directory is a fresh tmpfs of
-``limits.disk_mb`` (and a matching inode cap) mounted for each run and unmounted afterwards: a
-real cap. The worker mounts it inside its own mount namespace, so the host never sees these
-mounts and a killed worker leaves none behind. Mounting needs root (CAP_SYS_ADMIN); without it
-the scratch is preopened read-only (the snippet reads the files it is given and can write
-nothing), which also keeps the cap. :attr:`WasmBackend.writable` says which mode is in use.
+Disk. WASI has no quota of its own, so the scratch directory is a tmpfs of ``limits.disk_mb``
+(and a matching inode cap): a real cap. Each worker mounts its own in a private mount namespace
+(invisible to the host, gone with the worker), then drops to uid/gid 65534 for good, and empties
+the scratch after every run (a worker whose scratch cannot be emptied is replaced). Mounting
+needs root (CAP_SYS_ADMIN); without it the scratch is preopened read-only (the snippet reads the
+files it is given and can write nothing), which also keeps the cap, and the workers keep the
+caller's uid. :attr:`WasmBackend.writable` says which mode is in use. If the backend's process
+dies without ``close()``, its workers exit within ~0.1 s and remove their files; only empty
+directories remain in the temp dir.
 
-What it does NOT isolate: the wasmtime runtime itself is the boundary (a wasmtime bug escapes);
-the workers run with the caller's uid; CPU time is not capped beyond the epoch deadline;
-timing side channels are open. The interpreter is the WebAssembly Language Runtimes build of
+What it does NOT isolate: the wasmtime runtime itself is the boundary (a wasmtime bug escapes,
+as uid 65534 in the writable mode, as the caller in the read-only mode); CPU time is bounded
+only through the epoch deadline, which counts wall time (``min(cpu_s, wall_s)``); timing side
+channels are open. The interpreter is the WebAssembly Language Runtimes build of
 CPython 3.12.0 (stdlib embedded): no ``ssl``, ``ctypes``, threads or C extensions such as numpy.
 
 The compiled module is cached (``Module.serialize``) in the arborl cache directory, keyed by the
@@ -90,6 +94,8 @@ class WasmBackend:
         self._wasm = wasm_path or rt.locate_python_wasm()
         self._cwasm = rt.compiled_module(self._wasm)  # compiles once per machine, then cached
         self._dir = tempfile.mkdtemp(prefix="arborl-wasm-")
+        if self.writable:
+            os.chmod(self._dir, 0o711)  # workers drop to uid 65534: traverse, but not list
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._workers: set[_Worker] = set()
         self._lock = threading.Lock()
@@ -169,7 +175,7 @@ class WasmBackend:
         finally:
             os.close(out_w)
             os.close(err_w)
-        if killed or status is None or str(status.get("error", "")).startswith("wasm worker died"):
+        if killed or status is None or status.get("unclean") or str(status.get("error", "")).startswith("wasm worker died"):
             self._retire(w)  # its pipes close with it, so the readers below finish
         else:
             self._idle.put(w)
