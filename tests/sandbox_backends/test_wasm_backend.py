@@ -239,3 +239,11 @@ def test_writable_workers_run_as_nobody_without_capabilities(writable: WasmBacke
             status = dict(line.split(":", 1) for line in f)
         assert status["Uid"].split() == ["65534"] * 4 and status["Gid"].split() == ["65534"] * 4
         assert status["CapEff"].strip() == "0000000000000000" and status["NoNewPrivs"].strip() == "1"
+
+
+def test_concurrent_runs_from_threads(backend: WasmBackend) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(3) as ex:
+        results = list(ex.map(lambda i: backend.run_python(f"print({i} * 7)"), range(6)))
+    assert [r.stdout for r in results] == [f"{i * 7}\n" for i in range(6)]
