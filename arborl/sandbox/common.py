@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import marshal
 import math
 import os
-import pickle
 import resource
 import signal
 import subprocess
@@ -94,7 +94,7 @@ def validate_files(files: dict[str, bytes] | None) -> dict[str, bytes]:
 
 
 def make_request(code: str, stdin: str | bytes, files: dict[str, bytes] | None, proxy: str | None) -> bytes:
-    """Pickle one request for :mod:`arborl.sandbox.launcher`.
+    """Encode one request for :mod:`arborl.sandbox.launcher` (``marshal``: no import in the sandbox).
 
     Args:
         code: The snippet.
@@ -104,14 +104,15 @@ def make_request(code: str, stdin: str | bytes, files: dict[str, bytes] | None, 
     """
     if not isinstance(code, str):
         raise TypeError(f"code must be str, got {type(code).__name__}")
-    return pickle.dumps(
+    return marshal.dumps(
         {
             "code": code,
             "stdin": stdin.encode() if isinstance(stdin, str) else bytes(stdin),
             "files": validate_files(files),
             "relay_src": relay_source() if proxy else None,
             "proxy_socket": proxy,
-        }
+        },
+        4,  # version 4: read by every Python >= 3.4, whatever the host interpreter's version
     )
 
 

@@ -2,8 +2,8 @@
 
 This file is shipped as *source text* into the sandbox (``python3 -I -c SOURCE``, or exec'd by the
 zygote), so it imports nothing from arborl and only uses the standard library of Debian's system
-Python. A request (a pickled dict built by the trusted parent; unpickling goes parent -> sandbox,
-never the other way) carries:
+Python. A request (a ``marshal``-ed dict of str/bytes built by the trusted parent; decoding goes
+parent -> sandbox, never the other way) carries:
 
 - ``code``: the snippet, run as ``__main__`` from ``/tmp/main.py`` (the scratch directory);
 - ``files``: ``{relative path: bytes}`` written into the scratch directory first;
@@ -18,9 +18,9 @@ exit status like ``python3 main.py`` would (tracebacks, ``SystemExit`` codes, at
 
 from __future__ import annotations
 
-import contextlib
+# Only modules the interpreter has loaded anyway at startup: every import here costs each run.
+import marshal
 import os
-import pickle
 import sys
 
 SCRATCH = "/tmp"
@@ -107,17 +107,19 @@ def start_relay(relay_src: str, socket_path: str) -> None:
 def finish(code: int) -> None:
     """Leave like the interpreter would: join threads, run atexit handlers, flush, exit."""
     import atexit
-    import threading
 
     try:
-        threading._shutdown()  # type: ignore[attr-defined]  # waits for non-daemon threads
+        threading = sys.modules.get("threading")  # no threading module loaded: no threads to join
+        if threading is not None:
+            threading._shutdown()  # type: ignore[attr-defined]  # waits for non-daemon threads
         atexit._run_exitfuncs()
     except BaseException:  # the snippet's handlers may raise anything
         pass
     for stream in (sys.stdout, sys.stderr):
-        # A closed or broken stream must not hide the exit status.
-        with contextlib.suppress(BaseException):
+        try:  # noqa: SIM105 - contextlib would be one more import per run
             stream.flush()
+        except BaseException:  # a closed or broken stream must not hide the exit status
+            pass
     os._exit(code)
 
 
@@ -127,19 +129,19 @@ def _exit_code(exc: SystemExit) -> int:
         return 0
     if isinstance(exc.code, int):
         return exc.code & 0xFF
-    with contextlib.suppress(BaseException):  # str() of an arbitrary object may raise
+    try:  # noqa: SIM105 - contextlib would be one more import per run
         print(exc.code, file=sys.stderr)
+    except BaseException:  # str() of an arbitrary object may raise
+        pass
     return 1
 
 
 def run_snippet(code: str) -> None:
     """Run ``code`` as ``__main__`` from ``/tmp/main.py`` and exit the process with its status."""
-    import traceback
-    import types
 
     with open(MAIN_PATH, "w", encoding="utf-8") as fh:
         fh.write(code)
-    main = types.ModuleType("__main__")
+    main = type(sys)("__main__")
     main.__file__ = MAIN_PATH
     main.__builtins__ = __builtins__  # type: ignore[attr-defined]
     sys.modules["__main__"] = main
@@ -151,6 +153,8 @@ def run_snippet(code: str) -> None:
     except SystemExit as exc:
         status = _exit_code(exc)
     except BaseException as exc:  # noqa: BLE001 - report any failure like the interpreter does
+        import traceback
+
         # Drop this frame so the traceback starts in the snippet, as with ``python3 main.py``.
         traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next if exc.__traceback__ else None)
         status = 1
@@ -176,8 +180,10 @@ class _Quitter:
         return f"Use {self.name}() or Ctrl-D (i.e. EOF) to exit"
 
     def __call__(self, code: object = None) -> None:
-        with contextlib.suppress(Exception):
+        try:  # noqa: SIM105 - contextlib would be one more import per run
             sys.stdin.close()
+        except Exception:
+            pass
         raise SystemExit(code)
 
 
@@ -209,7 +215,7 @@ def main() -> None:
     """Entry point inside a one-shot sandbox: ``python3 -I -S -c SOURCE PAYLOAD_FD``."""
     if "site" not in sys.modules:
         minimal_site()
-    request = pickle.loads(read_fd(int(sys.argv[1])))
+    request = marshal.loads(read_fd(int(sys.argv[1])))
     # Nothing the parent holds (cgroup files, the seccomp fd) must stay reachable from the snippet.
     os.closerange(3, 1 << 16)
     prepare(request)
