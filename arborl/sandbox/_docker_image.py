@@ -177,6 +177,10 @@ while True:
 BOOT = """
 def _boot():
     import linecache, os, sys, traceback
+    import builtins, _sitebuiltins  # what site (skipped: -S) would add for interactive use
+    builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")
+    builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")
+    builtins.help = _sitebuiltins._Helper()
     src = os.fdopen(3, encoding="utf-8", errors="replace").read()
     linecache.cache["<snippet>"] = (len(src), None, src.splitlines(True), "<snippet>")
     sys.argv[:] = ["<snippet>"]

@@ -42,6 +42,10 @@ SNIPPET_PATH = "/snippet/main.py"
 _BOOT = """
 def _boot():
     import os, sys
+    import builtins, _sitebuiltins  # what site (skipped: -S) would add for interactive use
+    builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")
+    builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")
+    builtins.help = _sitebuiltins._Helper()
     os.chdir("/scratch")
     path = "/snippet/main.py"
     sys.argv[:] = [path]

@@ -282,12 +282,17 @@ class DockerBackend:
         killed = False
         # Cold runs also wait for the container to start (~0.4 s, more under load).
         deadline = self.limits.wall_s + _GRACE_S + (0.0 if self.warm else 2.0)
-        try:
-            p.wait(timeout=deadline)
-        except subprocess.TimeoutExpired:
+        # Wait on the stdout reader (EOF = the run is over): a thread join sleeps on a lock,
+        # where Popen.wait(timeout) polls in steps of up to 50 ms.
+        readers[0].join(timeout=deadline)
+        if readers[0].is_alive():
             # Only the CLI dies here; the caller kills the container itself in the background
             # (``docker kill`` can take seconds on a busy host and must not delay the result).
             killed = True
+            p.kill()
+        try:
+            p.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:  # CLI alive after closing its stdout: stop it
             p.kill()
             p.wait()
         for t in readers[:2]:

@@ -61,3 +61,7 @@ class FakeProxy:
         self._stop.set()
         self._thread.join(2)
         self.sock.close()
+
+
+# Builtins that site adds and snippets use (the interpreters run with -S): exit code 3, then 4.
+SITE_BUILTINS = ("print(callable(help))\nexit(3)", "quit(4)")

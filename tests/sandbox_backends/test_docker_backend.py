@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from backendkit import FakeProxy, docker_cli
+from backendkit import SITE_BUILTINS, FakeProxy, docker_cli
 
 from arborl.sandbox._docker_image import ensure_image
 from arborl.sandbox.base import Limits, SandboxError
@@ -296,3 +296,8 @@ def test_files_larger_than_the_scratch_are_an_error(backend: DockerBackend) -> N
     r = backend.run_python("print(1)", files={"big.bin": b"x" * ((LIMITS.disk_mb + 1) << 20)})
     assert not r.ok and r.error is not None and "do not fit" in r.error
     assert backend.run_python("print(1)").stdout == "1\n"
+
+
+def test_site_builtins_exit_quit_help(backend: DockerBackend) -> None:
+    first, second = (backend.run_python(code) for code in SITE_BUILTINS)
+    assert (first.stdout, first.exit_code, second.exit_code) == ("True\n", 3, 4)

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from backendkit import SITE_BUILTINS
 
 from arborl.sandbox import _wasm_runtime as rt
 from arborl.sandbox.base import Limits, SandboxError
@@ -247,3 +248,8 @@ def test_concurrent_runs_from_threads(backend: WasmBackend) -> None:
     with ThreadPoolExecutor(3) as ex:
         results = list(ex.map(lambda i: backend.run_python(f"print({i} * 7)"), range(6)))
     assert [r.stdout for r in results] == [f"{i * 7}\n" for i in range(6)]
+
+
+def test_site_builtins_exit_quit_help(backend: WasmBackend) -> None:
+    first, second = (backend.run_python(code) for code in SITE_BUILTINS)
+    assert (first.stdout, first.exit_code, second.exit_code) == ("True\n", 3, 4)
