@@ -245,12 +245,14 @@ def wipe(root):
             except OSError:
                 pass
     return not os.listdir(root)
-def oom_kills():
-    try:
-        with open("/sys/fs/cgroup/memory/memory.oom_control") as f:
-            return int(dict(l.split() for l in f)["oom_kill"])
-    except (OSError, KeyError, ValueError):
-        return -1
+def oom_kills():  # cgroup v1, else v2: the container's OOM-kill counter
+    for path in ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"):
+        try:
+            with open(path) as f:
+                return int(dict(l.split() for l in f)["oom_kill"])
+        except (OSError, KeyError, ValueError):
+            pass
+    return -1
 req = json.loads(readn(struct.unpack(">Q", readn(8))[0]))
 killall()
 if not wipe("/scratch"):
