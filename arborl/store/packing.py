@@ -23,14 +23,14 @@ _SWAP = sys.byteorder == "big"
 def _pack(values: Any, code: str) -> bytes | None:
     if not isinstance(values, list):
         return None
-    kind = float if code == "d" else int
-    if not all(type(x) is kind for x in values):
+    # exact types only (a bool is an int subclass, an int is not a float); set(map(type)) runs in C
+    if not set(map(type, values)) <= ({float} if code == "d" else {int}):
         return None
     try:
         a = array(code, values)
     except OverflowError:
         return None
-    if code == "b" and any(x not in (0, 1) for x in a):
+    if code == "b" and a and (min(a) < 0 or max(a) > 1):
         return None
     if _SWAP:
         a.byteswap()
