@@ -35,3 +35,35 @@ def make_episode(i: int, *, task_type: str = "search", n_turns: int = 4, created
 def with_param(url: str, param: str) -> str:
     """``url`` with one more query parameter."""
     return f"{url}{'&' if '?' in url else '?'}{param}"
+
+
+def kill_writer_mid_ingest(url: str, acks: int, batch: int = 200) -> int:
+    """Start ``writer_proc.py`` on ``url``, SIGKILL it after ``acks`` acknowledged batches (while it is
+    writing the next one), and return the last episode index whose ``put_many`` had returned."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    writer = str(Path(__file__).parent / "writer_proc.py")
+    proc = subprocess.Popen([sys.executable, writer, url, "0", "1000000", str(batch)], stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None
+    acked: list[str] = []
+    try:
+        deadline = time.time() + 60
+        while len(acked) < acks and time.time() < deadline:
+            line = proc.stdout.readline()
+            if not line:  # the writer died on its own: let the assertions below report it
+                break
+            if line.startswith("ok "):
+                acked.append(line)
+        time.sleep(0.05)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    acked += [ln for ln in proc.stdout.read().splitlines() if ln.startswith("ok ")]
+    assert len(acked) >= acks, f"writer acknowledged only {len(acked)} batches"
+    return int(acked[-1].split()[2])

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from storekit import make_episode
+from storekit import kill_writer_mid_ingest, make_episode
 
 from arborl.store import StoreError, open_store
 from arborl.trajectory.schema import SCHEMA_VERSION, SchemaError
@@ -85,28 +82,9 @@ def test_newer_store_layout_is_refused(sqlite_url, tmp_path):
         open_store(sqlite_url)
 
 
-def _lines(proc: subprocess.Popen) -> list[str]:
-    out = proc.stdout.read() if proc.stdout else ""
-    return [ln for ln in out.splitlines() if ln.startswith("ok ")]
-
-
 def test_kill_9_during_bulk_ingest_leaves_a_clean_store(tmp_path):
     url = f"sqlite:///{tmp_path}/traj.db"
-    proc = subprocess.Popen([sys.executable, WRITER, url, "0", "200000", "200"], stdout=subprocess.PIPE,
-                            text=True, bufsize=1)
-    assert proc.stdout is not None
-    acked: list[str] = []
-    deadline = time.time() + 60
-    while len(acked) < 5 and time.time() < deadline:  # let several batches commit, then kill mid-batch
-        line = proc.stdout.readline()
-        if line.startswith("ok "):
-            acked.append(line)
-    time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    acked += _lines(proc)
-    assert len(acked) >= 5
-    last = int(acked[-1].split()[2])
+    last = kill_writer_mid_ingest(url, acks=5)
     with open_store(url) as store:
         assert store._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         n = store.count()

@@ -4,8 +4,6 @@ schema versions, time partitioning, native TTLs, the S3 blob store."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from store_services import pg_database
-from storekit import make_episode
+from storekit import kill_writer_mid_ingest, make_episode
 
 from arborl.store import StoreConfig, StoreError, open_store
 from arborl.store.blob import S3BlobStore
@@ -67,21 +65,8 @@ def test_four_concurrent_writers_lose_and_duplicate_nothing(which, request):
 
 
 def test_postgres_kill_9_during_ingest(pg_url):
-    proc = subprocess.Popen([sys.executable, WRITER, pg_url, "0", "200000", "200"], stdout=subprocess.PIPE,
-                            text=True)
-    assert proc.stdout is not None
-    acked = []
-    deadline = time.time() + 60
-    while len(acked) < 4 and time.time() < deadline:
-        line = proc.stdout.readline()
-        if line.startswith("ok "):
-            acked.append(line)
-    time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    acked += [ln for ln in proc.stdout.read().splitlines() if ln.startswith("ok ")]
-    last = int(acked[-1].split()[2])
-    time.sleep(0.5)  # the server notices the dead client and rolls its transaction back
+    last = kill_writer_mid_ingest(pg_url, acks=4)
+    time.sleep(0.5)  # the server notices the dead client and rolls its open transaction back
     with open_store(pg_url) as store:
         n = store.count()
         assert n >= last + 1 and n % 200 == 0
