@@ -27,6 +27,7 @@ METRICS = {
     "train/invalid_frac": "fraction of turns whose action did not parse",
     "train/turns": "mean turns per rollout episode",
     "train/adv_abs": "mean |advantage| over trained tokens",
+    "train/kept_frac": "fraction of rollouts with a non-zero advantage somewhere (the ones the update uses)",
     "tokens": "model-generated tokens so far",
     "loss/*, diag/*": "see arborl.loss.policy",
 }

@@ -31,9 +31,20 @@ class EnvSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments passed to the class."""
     train_seed_start: int = 0
-    """Training tasks use seeds ``train_seed_start + k``."""
-    eval_seed_start: int = 1_000_000
+    """Training tasks use seeds ``train_seed_start + k`` for ``0 <= k < train_seed_count``."""
+    train_seed_count: int = 1_000_000
+    """How many distinct training seeds RL draws from (synth uses the first ``synth.episodes``)."""
+    eval_seed_start: int = 1_000_000_000
     """Held-out evaluation tasks use seeds from here on (disjoint from training seeds)."""
+
+    def __post_init__(self) -> None:
+        if self.train_seed_count < 1:
+            raise ValueError(f"EnvSpec.train_seed_count must be >= 1, got {self.train_seed_count}")
+        if self.train_seed_start + self.train_seed_count > self.eval_seed_start:
+            raise ValueError(
+                "training seeds [train_seed_start, train_seed_start + train_seed_count) overlap the held-out "
+                f"seeds starting at eval_seed_start={self.eval_seed_start}; lower train_seed_count or raise eval_seed_start"
+            )
 
 
 @dataclass(frozen=True)
@@ -115,6 +126,9 @@ class RLConfig:
     length_neutral: bool = True
     """Give every episode the same total advantage weight regardless of its number of turns."""
     loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    drop_zero_advantage: bool = True
+    """Leave episodes whose every token has zero advantage out of the update (they carry no signal,
+    and in a token-mean loss they only dilute the step size of the informative ones)."""
     score_key: str = "success"
     """Which named episode reward is the outcome score."""
     grad_clip: float = 1.0

@@ -114,25 +114,27 @@ def train_rl(
 
     for it in progress(range(start_it, rc.iterations), "rl", total=rc.iterations - start_it):
         # rollout: G members per task share the seed, hence the initial state
-        offsets = torch.randint(0, 1_000_000_000 - 1, (rc.tasks_per_iter,), generator=task_gen).tolist()
+        offsets = torch.randint(0, cfg.env.train_seed_count, (rc.tasks_per_iter,), generator=task_gen).tolist()
         seeds = [cfg.env.train_seed_start + o for o in offsets]
         specs = specs_for(cfg, task_type, seeds, group_size=rc.group_size, group_prefix=f"rl{it}")
         rolled = run_episodes(ModelPolicy(model, renderer), make_env, specs, cfg.rollout, generator=gen,
                               policy_version=it, iteration=it, source="rl")
         # store: persist, then train on what the store returns
         ids = store.put_many(rolled)
-        episodes = [store.get(i) for i in ids]
+        episodes = store.get_many(ids)
         # credit: one advantage per turn, broadcast to that turn's generated tokens
         steps = step_batch(episodes, score_key=rc.score_key, invalid_penalty=cfg.rollout.invalid_action_penalty)
         batch = collate(episodes, pad_id=pad)
         adv = broadcast(credit(steps), batch.step_of_token) * batch.loss_mask
+        keep = (adv.abs() > 1e-8).any(-1) if rc.drop_zero_advantage else torch.ones(len(episodes), dtype=torch.bool)
         ref_logp = None
         if ref is not None:
             with torch.no_grad():
                 ref_logp = token_logprobs(ref, batch.input_ids, batch.attention_mask,
                                           temperature=cfg.rollout.sampling.logprob_temperature)
-        # loss + update
-        terms = _update(model, opt, cfg, batch, adv, ref_logp, gen)
+        # loss + update (on the episodes that carry signal)
+        rows = keep.nonzero()[:, 0]
+        terms = _update(model, opt, cfg, batch.select(rows), adv[rows], None if ref_logp is None else ref_logp[rows], gen) if len(rows) else {}
         # metrics
         n_turns = int(steps.episode.numel())
         counters["env_steps"] += n_turns
@@ -143,6 +145,7 @@ def train_rl(
             "train/invalid_frac": sum(not t.valid for e in episodes for t in e.path()) / max(1, n_turns),
             "train/turns": n_turns / len(episodes),
             "train/adv_abs": float(adv.abs().sum() / batch.loss_mask.sum().clamp_min(1)),
+            "train/kept_frac": len(rows) / len(episodes),
         }
         if rc.eval_every and ((it + 1) % rc.eval_every == 0 or it + 1 == rc.iterations):
             row.update(evaluate(cfg, make_env, model, tok, n=cfg.eval.probe_episodes, label="probe", policy_version=it + 1))
