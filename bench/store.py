@@ -4,6 +4,7 @@ a JSONL-dump baseline measured in the same run. Prints one table.
     python bench/store.py                 # 1M stored episodes (8 turns each)
     python bench/store.py --n 100000      # smaller
     python bench/store.py --no-postgres   # skip the PostgreSQL ingest row
+    python bench/store.py --ingest-only --no-postgres --ingest-n 5000   # SQLite ingest alone
 
 What is measured:
 
@@ -162,6 +163,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n", type=int, default=1_000_000, help="stored episodes for query/slice (default 1M)")
     ap.add_argument("--ingest-n", type=int, default=20_000, help="episodes put_many'd per ingest row")
     ap.add_argument("--no-postgres", action="store_true")
+    ap.add_argument("--ingest-only", action="store_true",
+                    help="measure the empty-store ingest rows only (no bulk fill, query or slice)")
     ap.add_argument("--dir", default=None, help="working directory (default: a temp dir)")
     args = ap.parse_args(argv)
     work = Path(args.dir or tempfile.mkdtemp(prefix="arborl-bench-"))
@@ -179,6 +182,9 @@ def main(argv: list[str] | None = None) -> None:
         with postgres_server() as pg:
             pr = ingest_rate(pg, args.ingest_n, 0)
         rows.append(("ingest, PostgreSQL (empty)", f"{pr:,.0f} ep/s", f"{jl:,.0f} ep/s", f"{pr / jl:.2f}x"))
+    if args.ingest_only:
+        _print_table(con, "arborl trajectory store: ingest", rows)
+        return
 
     con.print(f"bulk fill: {args.n:,} episodes into SQLite and JSONL ...")
     db, dump = work / "big.db", work / "big.jsonl"
@@ -204,8 +210,12 @@ def main(argv: list[str] | None = None) -> None:
         (f"slice(id, 3, 6) p50 @ {args.n:,}", f"{sl:.2f} ms", f"{jsl:,.0f} ms", f"{jsl / sl:,.0f}x"),
         (f"ingest, SQLite (holding {args.n:,})", f"{ingest_big:,.0f} ep/s", f"{jl:,.0f} ep/s", f"{ingest_big / jl:.2f}x"),
     ]
-    table = Table(title=f"arborl trajectory store (SQLite file {db.stat().st_size / 1e9:.2f} GB, "
-                        f"JSONL {dump.stat().st_size / 1e9:.2f} GB)")
+    _print_table(con, f"arborl trajectory store (SQLite file {db.stat().st_size / 1e9:.2f} GB, "
+                      f"JSONL {dump.stat().st_size / 1e9:.2f} GB)", rows)
+
+
+def _print_table(con: Console, title: str, rows: list[tuple[str, str, str, str]]) -> None:
+    table = Table(title=title)
     for c in ("measure", "store", "JSONL baseline", "store vs baseline"):
         table.add_column(c, justify="left" if c == "measure" else "right")
     for r in rows:
