@@ -241,3 +241,18 @@ def test_rows_cols_format_lists_each_column_top_to_bottom():
     env = FrozenLake(obs_format="rows+cols")
     obs, _ = env.reset(options={"desc": ["SFFH", "FFFF", "FHFF", "HFFG"]})
     assert env.format_observation(obs) == "0:P__H 1:____ 2:_H__ 3:H__G c0:P__H c1:__H_ c2:____ c3:H__G"
+
+
+def test_progress_reward_is_plus_c_closer_minus_c_away_or_hole():
+    from arborl.env.envs import FrozenLake
+
+    env = FrozenLake(progress_reward=0.1)
+    env.reset(options={"desc": ["SFFH", "FFFF", "FHFF", "HFFG"]})
+    assert env.step("Right").reward == pytest.approx(0.1)   # distance 6 -> 5
+    assert env.step("Left").reward == pytest.approx(-0.1)   # 5 -> 6
+    assert env.step("Up").reward == 0.0                     # bump into the edge
+    env.step("Down")
+    res = env.step("Right")                                 # (1,0) -> (1,1): 5 -> 4
+    assert res.reward == pytest.approx(0.1)
+    res = env.step("Down")                                  # into the hole at (2,1)
+    assert res.terminated and res.reward == pytest.approx(-0.1)

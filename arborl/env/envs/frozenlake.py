@@ -240,6 +240,10 @@ class FrozenLake:
         fixed_corners: Start top-left and goal bottom-right instead of random cells.
         heldout_seed_start: Seeds from here on play held-out maps only, seeds below it training
             maps only; ``None`` turns the split off. Keep it equal to the trainer's eval seed start.
+        progress_reward: Per-step shaping ``c * (d(s) - d(s'))`` with ``d`` the shortest-path
+            distance to G (a step closer earns ``+c``, a step away ``-c``, a bump 0, a hole
+            ``-c``). It is potential-based (Ng et al. 1999, with ``phi = -c * d``), so it leaves the
+            optimal policy unchanged while telling each turn whether it helped; 0 turns it off.
 
     ``reset(options={"desc": ["SFFF", ...]})`` plays an explicit map instead of a generated one.
     """
@@ -257,6 +261,7 @@ class FrozenLake:
         obs_format: str = "rows",
         fixed_corners: bool = False,
         heldout_seed_start: int | None = HELDOUT_SEED_START,
+        progress_reward: float = 0.0,
     ) -> None:
         _check_map_params(size, hole_prob)
         check_obs_format(obs_format, "FrozenLake")
@@ -265,6 +270,7 @@ class FrozenLake:
         self.size, self.hole_prob, self.is_slippery = size, hole_prob, is_slippery
         self.obs_format, self.fixed_corners = obs_format, fixed_corners
         self.heldout_seed_start = heldout_seed_start
+        self.progress_reward = float(progress_reward)
         self._max_steps_arg = max_steps
         self.max_steps = max_steps if max_steps is not None else 2 * size * size
         self._seed_rng = random.Random()  # draws the seed of a reset(seed=None)
@@ -338,8 +344,10 @@ class FrozenLake:
         move = ACTIONS.index(name)
         if self.is_slippery:
             move = (move + self._slip_rng.randrange(3) - 1) % 4
+        before = self._pos
         self._pos = _step_cell(self._desc, self._pos, move)
         symbol = self._desc[self._pos[0]][self._pos[1]]
+        shaping = self._shaping(before, self._pos) if self.progress_reward else 0.0
         info = {"action_valid": True, "action": name, "moved": ACTIONS[move]}
         terminated = symbol in "GH"
         truncated = out_of_steps and not terminated
@@ -355,7 +363,13 @@ class FrozenLake:
         if terminated or truncated:
             self._end(info, success=symbol == "G")
         self._last_obs = self._obs(status, message)
-        return StepResult(self._last_obs, 1.0 if symbol == "G" else 0.0, terminated, truncated, info)
+        return StepResult(self._last_obs, (1.0 if symbol == "G" else 0.0) + shaping, terminated, truncated, info)
+
+    def _shaping(self, before: Cell, after: Cell) -> float:
+        dist = _distances_to_goal(self._desc)
+        if after not in dist:  # a hole
+            return -self.progress_reward
+        return self.progress_reward * (dist[before] - dist[after])
 
     def format_observation(self, obs: GridObs) -> str:
         """Render ``obs`` in this env's ``obs_format``."""
