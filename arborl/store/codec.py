@@ -5,9 +5,9 @@ An episode is split into
 * its *meta*: every field except ``turns``, as JSON;
 * one :class:`TurnRow` per turn, in creation order: the turn's real ``turn_id``/``parent_id``,
   its position on the main path (``None`` off it), its step reward, its ``timings`` JSON, and
-  its *canonical body*: the turn as JSON with sorted keys, ``turn_id``/``parent_id`` replaced
-  by creation-order numbers and ``timings`` left out. That is exactly the per-turn form that
-  :meth:`Episode.content_hash` hashes, so one encoding serves both storage and deduplication;
+  its *canonical body*: :func:`~arborl.trajectory.schema.canonical_turns`, the exact per-turn
+  text that :meth:`Episode.content_hash` hashes, so one encoding serves storage and dedup
+  (packed rows store the same text with the packed arrays left out);
 * its :class:`~arborl.store.base.IndexRow`.
 
 Validation happens here, before any backend writes, so a malformed episode fails the whole
@@ -26,21 +26,23 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from arborl.store.base import IndexRow, check_schema_version
-from arborl.store.packing import pack_arrays
-from arborl.trajectory.schema import Episode, MediaRef, SchemaError, ToolCall, Turn
+from arborl.store.packing import pack_exact
+from arborl.trajectory.schema import (
+    CANONICAL_ARRAYS,
+    Episode,
+    MediaRef,
+    SchemaError,
+    ToolCall,
+    Turn,
+    canonical_episode,
+    canonical_turns,
+)
 
 _JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
-_CANON = json.JSONEncoder(separators=(",", ":"), allow_nan=False, sort_keys=True)
 _TURN_FIELDS = tuple(f.name for f in fields(Turn))
 _TURN_KEYS = frozenset(_TURN_FIELDS)
 _EPISODE_FIELDS = tuple(f.name for f in fields(Episode) if f.name != "turns")
 _EPISODE_KEYS = frozenset(_EPISODE_FIELDS) | {"turns"}
-# Fields Episode.content_hash leaves out (ids, timestamps, grouping and free-form labels).
-_HASH_EXCLUDED = frozenset({"episode_id", "created_at", "group_id", "iteration", "tags", "metadata"})
-_HASHED_FIELDS = tuple(f for f in _EPISODE_FIELDS if f not in _HASH_EXCLUDED)
-# The hash text is composed as "{<other fields>,"turns":[...]}", valid because "turns" sorts last.
-if not all(f < "turns" for f in _HASHED_FIELDS):
-    raise ImportError("arborl.store.codec composes the content hash assuming 'turns' sorts last; update it")
 
 
 @dataclass
@@ -95,34 +97,31 @@ def _dumps(obj: Any, enc: json.JSONEncoder, where: str) -> str:
 
 
 def _turn_rows(ep: Episode, pack: bool) -> list[TurnRow]:
-    order = {t.turn_id: i for i, t in enumerate(ep.turns)}
+    try:
+        canon = canonical_turns(ep)
+    except (ValueError, TypeError) as e:
+        raise SchemaError(f"episode {ep.episode_id} is not JSON-able with finite numbers: {e}") from e
     pos = {t.turn_id: i for i, t in enumerate(ep.path())}
     rows = []
-    for i, t in enumerate(ep.turns):
-        where = f"episode {ep.episode_id} turn {t.turn_id}"
-        d = {name: getattr(t, name) for name in _TURN_FIELDS}
-        d["media"] = [dict(m.__dict__) for m in t.media]
-        d["tool_call"] = None if t.tool_call is None else dict(t.tool_call.__dict__)
-        d["turn_id"] = i
-        d["parent_id"] = None if t.parent_id is None else order[t.parent_id]
-        timings = d.pop("timings")
+    for i, (t, c) in enumerate(zip(ep.turns, canon, strict=True)):
+        tim = t.timings
+        timings = "{}" if type(tim) is dict and not tim else _dumps(tim, _JSON, f"episode {ep.episode_id} turn {t.turn_id}")
         row = TurnRow(seq=i, path_index=pos.get(t.turn_id), turn_id=t.turn_id, parent_id=t.parent_id,
-                      reward=float(t.reward), timings=_dumps(timings, _JSON, where), body=_dumps(d, _CANON, where))
+                      reward=float(t.reward), timings=timings, body=c.text())
         if pack:
-            rest, blobs = pack_arrays(d)
-            row.packed = (_dumps(rest, _JSON, where), blobs)
+            oi, ol, om, pi = (pack_exact(n, getattr(t, n), p) for n, p in zip(CANONICAL_ARRAYS, c.plain, strict=True))
+            # blobs in packing.ARRAY_FIELDS order; the body keeps only the arrays that did not pack
+            row.packed = (c.text((oi is None, ol is None, om is None, pi is None)), [pi, oi, ol, om])
         rows.append(row)
     return rows
 
 
-def content_hash_of(ep: Episode, turns: list[TurnRow]) -> str:
-    """:meth:`Episode.content_hash` from already encoded canonical turn bodies.
-
-    ``tests/store/test_codec.py`` checks that this equals ``Episode.content_hash`` (which
-    deep-copies every token list through ``dataclasses.asdict``, costlier than the database write).
-    """
-    head = _dumps({f: getattr(ep, f) for f in _HASHED_FIELDS}, _CANON, f"episode {ep.episode_id}")
-    text = head[:-1] + ',"turns":[' + ",".join(t.body for t in turns) + "]}"
+def _content_hash(ep: Episode, turns: list[TurnRow]) -> str:
+    """:meth:`Episode.content_hash` from the turns' canonical bodies (already encoded)."""
+    try:
+        text = canonical_episode(ep, [t.body for t in turns])
+    except (ValueError, TypeError) as e:
+        raise SchemaError(f"episode {ep.episode_id} is not JSON-able with finite numbers: {e}") from e
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -147,7 +146,7 @@ def prepare(item: Episode | dict[str, Any], pack: bool = False) -> Prepared:
         episode_id=ep.episode_id, task_id=ep.task_id, task_type=ep.task_type, group_id=ep.group_id,
         source=ep.source, iteration=ep.iteration, policy_version=ep.policy_version,
         reward=float(sum(t.reward for t in path)), success=ep.success, n_turns=len(path),
-        n_nodes=len(ep.turns), stop_reason=ep.stop_reason, content_hash=content_hash_of(ep, turns),
+        n_nodes=len(ep.turns), stop_reason=ep.stop_reason, content_hash=_content_hash(ep, turns),
         created_at=float(ep.created_at), tags=list(ep.tags), schema_version=ep.schema_version,
     )
     return Prepared(ep, row, meta, turns)

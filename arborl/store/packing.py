@@ -20,11 +20,14 @@ _CODE = {"prompt_ids": "i", "output_ids": "i", "output_logprobs": "d", "output_m
 _SWAP = sys.byteorder == "big"
 
 
-def _pack(values: Any, code: str) -> bytes | None:
+def _pack(values: Any, code: str, plain: bool | None = None) -> bytes | None:
+    """Packed bytes, or ``None`` if not exact. ``plain``: the caller already checked the types."""
     if not isinstance(values, list):
         return None
     # exact types only (a bool is an int subclass, an int is not a float); set(map(type)) runs in C
-    if not set(map(type, values)) <= ({float} if code == "d" else {int}):
+    if plain is None:
+        plain = set(map(type, values)) <= ({float} if code == "d" else {int})
+    if not plain:
         return None
     try:
         a = array(code, values)
@@ -35,6 +38,11 @@ def _pack(values: Any, code: str) -> bytes | None:
     if _SWAP:
         a.byteswap()
     return a.tobytes()
+
+
+def pack_exact(name: str, values: Any, plain: bool) -> bytes | None:
+    """Pack one array field whose exact-type check (``plain``) is already known."""
+    return _pack(values, _CODE[name], plain)
 
 
 def _unpack(data: bytes, code: str) -> list[Any]:

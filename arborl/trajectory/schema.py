@@ -16,13 +16,15 @@ exceptions that kill the trainer.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
 import time
 import uuid
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from json.encoder import encode_basestring_ascii
+from typing import Any, NamedTuple
 
 SCHEMA_VERSION = 1
 """Bump when a field changes meaning; readers refuse versions newer than they know."""
@@ -128,9 +130,14 @@ class Turn:
             )
         if not math.isfinite(self.reward):
             raise SchemaError(f"turn {self.turn_id}: reward is {self.reward}; step rewards must be finite")
-        if any(not math.isfinite(x) for x in self.output_logprobs):
+        # map/set run the per-token loops in C; semantics as `all(isfinite(x))` / `m in (0, 1)`
+        if not all(map(math.isfinite, self.output_logprobs)):
             raise SchemaError(f"turn {self.turn_id}: output_logprobs contains a non-finite value")
-        if any(m not in (0, 1) for m in self.output_mask):
+        try:
+            mask_ok = _MASK_VALUES.issuperset(self.output_mask)
+        except TypeError:  # an unhashable value
+            mask_ok = False
+        if not mask_ok:
             raise SchemaError(f"turn {self.turn_id}: output_mask values must be 0 or 1")
 
 
@@ -253,8 +260,14 @@ class Episode:
 
     # --- serialization ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict (lossless)."""
-        return asdict(self)
+        """Plain JSON-able dict (lossless), equal to ``dataclasses.asdict(self)``.
+
+        Token lists are copied with ``list()`` and free-form extras only when non-empty, so the
+        result shares no mutable object with the episode at a fraction of ``asdict``'s cost.
+        """
+        d = {name: _plain(getattr(self, name)) for name in _EPISODE_SCALARS}
+        d["turns"] = [_turn_dict(t) for t in self.turns]
+        return d
 
     def to_json(self) -> str:
         """Compact JSON text (lossless round trip through :meth:`from_json`)."""
@@ -298,22 +311,140 @@ class Episode:
         """sha256 of the episode's content, independent of ids, timestamps and creation order.
 
         Two episodes with the same task, same turns (tokens, actions, results, rewards) and the
-        same tree shape hash equal: the store uses this for deduplication.
+        same tree shape hash equal: the store uses this for deduplication. The hashed text is
+        :func:`canonical_episode` of :func:`canonical_turns`.
         """
-        d = self.to_dict()
-        order = {t["turn_id"]: i for i, t in enumerate(d["turns"])}
-        turns = []
-        for t in d["turns"]:
-            t = dict(t)
-            t["turn_id"] = order[t["turn_id"]]
-            t["parent_id"] = None if t["parent_id"] is None else order[t["parent_id"]]
-            t.pop("timings", None)
-            turns.append(t)
-        for k in ("episode_id", "created_at", "group_id", "iteration", "tags", "metadata"):
-            d.pop(k, None)
-        d["turns"] = turns
-        blob = json.dumps(d, sort_keys=True, separators=(",", ":"), allow_nan=False)
-        return hashlib.sha256(blob.encode()).hexdigest()
+        text = canonical_episode(self, [c.text() for c in canonical_turns(self)])
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+# --- canonical form (content hash) -----------------------------------------------------------
+# The canonical text of an episode is json.dumps(d, sort_keys=True, separators=(",", ":"),
+# allow_nan=False) of its to_dict() form with episode_id, created_at, group_id, iteration, tags
+# and metadata left out, and in each turn turn_id/parent_id replaced by creation-order numbers
+# and timings left out. It is composed field by field below (a turn's keys in sorted order),
+# which gives the same bytes several times faster and lets the store reuse the pieces.
+_CANON = json.JSONEncoder(separators=(",", ":"), allow_nan=False, sort_keys=True)
+_MASK_VALUES = frozenset((0, 1))
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+HASH_EXCLUDED = frozenset({"episode_id", "created_at", "group_id", "iteration", "tags", "metadata"})
+"""Episode fields that :meth:`Episode.content_hash` leaves out (ids, timestamps, grouping, labels)."""
+CANONICAL_ARRAYS = ("output_ids", "output_logprobs", "output_mask", "prompt_ids")
+"""Token array fields of a turn in canonical (sorted-key) order: :attr:`CanonicalTurn.arrays`."""
+_HEAD = ("action", "action_text", "error", "index", "info", "media", "observation")
+_TAIL = ("result", "reward", "state_key", "terminated", "tool_call", "truncated")
+# Small ids are looked up, not formatted: int-to-text is the bulk of hashing a turn.
+_ID_TEXT = {i: str(i) for i in range(1 << 17)}
+
+
+class CanonicalTurn(NamedTuple):
+    """One turn's canonical JSON in pieces: ``{head,<arrays>,mid,<prompt_ids>,tail}``.
+
+    Attributes:
+        head: ``"action":...`` through ``"observation":...`` (keys before ``output_ids``).
+        arrays: JSON of ``output_ids``, ``output_logprobs``, ``output_mask``, ``prompt_ids``.
+        mid: ``"parent_id":...,"policy_version":...`` (keys between ``output_mask`` and ``prompt_ids``).
+        tail: ``"result":...`` through ``"valid":...`` (keys after ``prompt_ids``).
+    """
+
+    head: str
+    arrays: tuple[str, str, str, str]
+    mid: str
+    tail: str
+    plain: tuple[bool, bool, bool, bool]
+    """Per array: it is a list of plain ``int`` (ids, mask) or finite plain ``float`` (log-probs)."""
+
+    def text(self, keep: tuple[bool, bool, bool, bool] = (True, True, True, True)) -> str:
+        """The turn's canonical JSON object; with ``keep``, only the arrays whose flag is set."""
+        oi, ol, om, pi = (f',"{n}":{a}' if k else "" for n, a, k in zip(CANONICAL_ARRAYS, self.arrays, keep,
+                                                                       strict=True))
+        return f"{{{self.head}{oi}{ol}{om},{self.mid}{pi},{self.tail}}}"
+
+
+def _plain(v: Any) -> Any:
+    """``dataclasses.asdict``'s conversion of one value: containers copied, dataclasses as dicts."""
+    t = type(v)
+    if t in _SCALARS:
+        return v
+    if t is list:
+        return list(v) if _SCALARS.issuperset(map(type, v)) else [_plain(x) for x in v]
+    if t is ToolCall:
+        return {"name": v.name, "arguments": _plain(v.arguments), "call_id": v.call_id}
+    if t is MediaRef:
+        return {"url": v.url, "mime": v.mime, "sha256": v.sha256}
+    if t is dict:
+        return {k: _plain(x) for k, x in v.items()}
+    if is_dataclass(v) and not isinstance(v, type):
+        return asdict(v)
+    if isinstance(v, list | tuple | dict):
+        return copy.deepcopy(v) if t is not tuple else tuple(_plain(x) for x in v)
+    return copy.deepcopy(v)
+
+
+def _turn_dict(t: Turn) -> dict[str, Any]:
+    return {name: _plain(getattr(t, name)) for name in _TURN_FIELDS}
+
+
+def _json(v: Any) -> str:
+    """``_CANON.encode(v)`` with the common scalar types formatted directly."""
+    t = type(v)
+    if t is str:
+        return encode_basestring_ascii(v)
+    if v is None:
+        return "null"
+    if t is bool:
+        return "true" if v else "false"
+    if t is int:
+        return int.__repr__(v)
+    if t is float and math.isfinite(v):
+        return float.__repr__(v)
+    if not v and (t is list or t is dict):
+        return "[]" if t is list else "{}"
+    return _CANON.encode(_plain(v))
+
+
+def _int_array(v: Any) -> tuple[str, bool]:
+    if type(v) is list and set(map(type, v)) <= {int}:
+        try:
+            return "[" + ",".join(map(_ID_TEXT.__getitem__, v)) + "]", True
+        except KeyError:  # an id outside the table (negative or large)
+            return "[" + ",".join(map(int.__repr__, v)) + "]", True
+    return _CANON.encode(_plain(v)), False
+
+
+def _float_array(v: Any) -> tuple[str, bool]:
+    if type(v) is list and set(map(type, v)) <= {float} and all(map(math.isfinite, v)):
+        return "[" + ",".join(map(float.__repr__, v)) + "]", True
+    return _CANON.encode(_plain(v)), False
+
+
+def canonical_turns(ep: Episode) -> list[CanonicalTurn]:
+    """The canonical pieces of every turn of ``ep``, in creation order.
+
+    Raises:
+        ValueError: a value is a non-finite float. TypeError: a value is not JSON-able.
+        KeyError: a turn names a parent that does not precede it.
+    """
+    order = {t.turn_id: i for i, t in enumerate(ep.turns)}
+    out = []
+    for i, t in enumerate(ep.turns):
+        head = ",".join(f'"{n}":{_json(getattr(t, n))}' for n in _HEAD)
+        (oi, oi_p), (ol, ol_p), (om, om_p), (pi, pi_p) = (
+            _int_array(t.output_ids), _float_array(t.output_logprobs), _int_array(t.output_mask),
+            _int_array(t.prompt_ids))
+        parent = "null" if t.parent_id is None else str(order[t.parent_id])
+        mid = f'"parent_id":{parent},"policy_version":{_json(t.policy_version)}'
+        tail = ",".join(f'"{n}":{_json(getattr(t, n))}' for n in _TAIL)
+        out.append(CanonicalTurn(head, (oi, ol, om, pi), mid, f'{tail},"turn_id":{i},"valid":{_json(t.valid)}',
+                                 (oi_p, ol_p, om_p, pi_p)))
+    return out
+
+
+def canonical_episode(ep: Episode, turn_texts: list[str]) -> str:
+    """The canonical text :meth:`Episode.content_hash` hashes, from the turns' canonical texts."""
+    head = _CANON.encode({f: _plain(getattr(ep, f)) for f in _HASHED_FIELDS})
+    # "turns" sorts after every hashed field (checked at import), so it goes last
+    return f'{head[:-1]},"turns":[{",".join(turn_texts)}]}}'
 
 
 def _check_keys(d: dict[str, Any], cls: type, where: str) -> None:
@@ -327,6 +458,16 @@ def _check_keys(d: dict[str, Any], cls: type, where: str) -> None:
     missing = required - set(d)
     if missing:
         raise SchemaError(f"{where} is missing field(s) {sorted(missing)}")
+
+
+_TURN_FIELDS = tuple(f.name for f in fields(Turn))
+_EPISODE_SCALARS = tuple(f.name for f in fields(Episode) if f.name != "turns")
+_HASHED_FIELDS = tuple(f for f in _EPISODE_SCALARS if f not in HASH_EXCLUDED)
+_CANONICAL_ORDER = (*_HEAD, *CANONICAL_ARRAYS[:3], "parent_id", "policy_version", "prompt_ids", *_TAIL, "turn_id",
+                    "valid")
+if list(_CANONICAL_ORDER) != sorted(f for f in _TURN_FIELDS if f != "timings") or not all(
+        f < "turns" for f in _HASHED_FIELDS):
+    raise ImportError("the canonical form above no longer covers the Turn/Episode fields; update it")
 
 
 @dataclass
