@@ -33,8 +33,16 @@ development interpreter (pyenv under ``/root``, mode 700) is unreadable to ``nob
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import os
 import shutil
+import signal
+import subprocess
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import ClassVar
 
 from arborl.sandbox import cgroup as cgroups
@@ -97,14 +105,18 @@ class BwrapBackend:
             return "the kernel has no user namespaces (CONFIG_USER_NS)"
         return seccomp.probe()
 
-    def __init__(self, limits: Limits, *, proxy_socket: str | None = None) -> None:
-        """Prepare the fixed part of the bwrap command line.
+    def __init__(self, limits: Limits, *, proxy_socket: str | None = None, spares: int = 1) -> None:
+        """Prepare the fixed part of the bwrap command line and start the spare sandboxes.
 
         Args:
             limits: Resource limits applied to every run.
             proxy_socket: Host path of the filtering proxy's unix socket (mode 0666), or ``None``
                 for no network at all.
+            spares: Sandboxes kept started ahead of their request (each one is used for exactly
+                one run); ``0`` starts every sandbox on the caller's request.
         """
+        if not isinstance(spares, int) or spares < 0:
+            raise ValueError(f"spares must be an int >= 0, got {spares!r}")
         reason = self.probe()
         if reason is not None:
             raise SandboxError(f"bwrap backend unavailable: {reason}")
@@ -113,6 +125,14 @@ class BwrapBackend:
         self._bpf = seccomp.build_bpf(allow_inet=self.proxy_socket is not None)
         self._argv_head = self._static_args()
         cgroups.detect()  # probe the cgroup layout once, outside the timed path
+        self._lock = threading.Lock()
+        self._closed = False
+        # Spares are spawned from this one long-lived thread: bwrap's --die-with-parent fires
+        # when the *thread* that spawned it exits. The same thread removes used cgroups.
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arborl-bwrap-spawner")
+        self._spares: collections.deque[Future[_Spare]] = collections.deque(
+            self._spawner.submit(self._start_sandbox) for _ in range(spares)
+        )
 
     def _static_args(self) -> list[str]:
         size = str(self.limits.disk_mb << 20)
@@ -133,6 +153,41 @@ class BwrapBackend:
         # fill memory through /etc or /dev, outside the size-capped scratch.
         return [*args, "--remount-ro", "/", "--remount-ro", "/dev"]
 
+    def _start_sandbox(self) -> _Spare:
+        """Start one sandbox whose interpreter waits for its request (see :class:`_Spare`)."""
+        payload_fd = os.memfd_create("arborl-request")
+        go_r, go_w = os.pipe()
+        bpf_fd = seccomp.bpf_fd(self._bpf)
+        try:
+            argv = [*self._argv_head, "--seccomp", str(bpf_fd), "--", common.SYSTEM_PYTHON, "-I", "-S", "-B",
+                    "-c", common.launcher_source(), str(payload_fd), str(go_r)]  # fmt: skip
+            proc, cg = common.spawn(
+                argv, limits=self.limits, backend=self.name, pass_fds=(payload_fd, bpf_fd, go_r), via_bwrap=True
+            )
+        except BaseException:
+            os.close(payload_fd)
+            os.close(go_w)
+            raise
+        finally:
+            os.close(go_r)
+            os.close(bpf_fd)
+        return _Spare(proc, cg, payload_fd, go_w)
+
+    def _take(self) -> _Spare:
+        """A started sandbox: a spare if one is (being) started, else a new one; refill the spares."""
+        with self._lock:
+            if self._closed:
+                raise SandboxError("the bwrap backend is closed")
+            pending = self._spares.popleft() if self._spares else None
+            if pending is not None:
+                self._spares.append(self._spawner.submit(self._start_sandbox))
+        if pending is not None:
+            try:
+                return pending.result()
+            except SandboxError:
+                pass  # the spare could not start; try once more here, reporting that error
+        return self._start_sandbox()
+
     def run_python(self, code: str, *, stdin: str = "", files: dict[str, bytes] | None = None) -> ExecResult:
         """Run one snippet in a fresh sandbox.
 
@@ -147,19 +202,85 @@ class BwrapBackend:
         request = common.make_request(
             code, stdin, files, common.PROXY_SOCKET_IN_SANDBOX if self.proxy_socket else None
         )
-        payload_fd = os.memfd_create("arborl-request")
-        bpf_fd = seccomp.bpf_fd(self._bpf)
+        sandbox = self._take()
+        start = time.monotonic()
         try:
-            os.write(payload_fd, request)
-            os.lseek(payload_fd, 0, os.SEEK_SET)
-            argv = [*self._argv_head, "--seccomp", str(bpf_fd), "--", common.SYSTEM_PYTHON, "-I", "-S", "-B",
-                    "-c", common.launcher_source(), str(payload_fd)]  # fmt: skip
-            return common.run_once(
-                argv, limits=self.limits, backend=self.name, pass_fds=(payload_fd, bpf_fd), via_bwrap=True
-            )
+            if not sandbox.hand_over(request):
+                sandbox.discard()  # it died before its request (killed from outside): use a new one
+                sandbox = self._start_sandbox()
+                if not sandbox.hand_over(request):
+                    raise SandboxError(f"bwrap: the sandbox died before its run: {sandbox.stderr_tail()}")
+            return common.supervise(sandbox.proc, sandbox.cg, self.limits, self.name, start, via_bwrap=True)
         finally:
-            os.close(payload_fd)
-            os.close(bpf_fd)
+            os.close(sandbox.payload_fd)
+            if sandbox.cg is not None:
+                # supervise() already killed everything in it; the rmdir need not delay the caller.
+                self._cleanup(sandbox.cg)
+
+    def _cleanup(self, cg: cgroups.RunCgroup) -> None:
+        try:
+            self._spawner.submit(cg.remove)
+        except RuntimeError:  # executor shut down (backend closed meanwhile)
+            cg.remove()
 
     def close(self) -> None:
-        """Nothing is kept between runs."""
+        """Stop the spare sandboxes (they never ran anything) and remove their cgroups."""
+        with self._lock:
+            self._closed = True
+            pending, self._spares = list(self._spares), collections.deque()
+        for fut in pending:
+            with contextlib.suppress(SandboxError):
+                fut.result().discard()
+        self._spawner.shutdown(wait=True)
+
+
+@dataclass
+class _Spare:
+    """A bwrap sandbox started ahead of its request.
+
+    Everything of a one-shot run except the snippet is done already: bwrap has made the
+    namespaces, mounts and seccomp filter, the process joined its own fresh cgroup and dropped to
+    uid 65534, and the interpreter has started; the launcher blocks reading ``go_fd``. The spare
+    is used for exactly one request, then torn down like any one-shot run.
+    """
+
+    proc: subprocess.Popen[bytes]
+    cg: cgroups.RunCgroup | None
+    payload_fd: int
+    go_fd: int
+
+    def hand_over(self, request: bytes) -> bool:
+        """Put ``request`` in the payload memfd and wake the launcher; ``False`` if it is gone."""
+        try:
+            os.pwrite(self.payload_fd, request, 0)
+            os.write(self.go_fd, b"G")
+        except BrokenPipeError:
+            return False
+        finally:
+            os.close(self.go_fd)
+        return True
+
+    def stderr_tail(self) -> str:
+        """What the sandbox wrote on stderr (after it exited), for error messages."""
+        assert self.proc.stderr is not None
+        with contextlib.suppress(OSError, ValueError):
+            return self.proc.stderr.read(4096).decode(errors="replace").strip() or "(no output)"
+        return "(unreadable)"
+
+    def discard(self) -> None:
+        """Stop an unused spare: EOF on ``go_fd`` makes its launcher exit; then reap and clean up."""
+        with contextlib.suppress(OSError):
+            os.close(self.go_fd)
+        with contextlib.suppress(OSError):
+            os.close(self.payload_fd)
+        try:
+            self.proc.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=2.0)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+        if self.cg is not None:
+            self.cg.remove()

@@ -1,9 +1,11 @@
 """Pieces shared by the one-shot backends (``bwrap``, ``process``): spawn, limit, collect, report.
 
-:func:`run_once` is the whole life of one run: create the run's cgroup, spawn the child with a
-``preexec_fn`` that joins the cgroup, sets rlimits and drops to ``nobody`` (in that order: the
-first two need root), collect output under the deadline, then kill every descendant (process
-group + cgroup) and turn what happened into an :class:`ExecResult`.
+:func:`run_once` is the whole life of one run: :func:`spawn` creates the run's cgroup and starts
+the child with a ``preexec_fn`` that joins the cgroup, sets rlimits and drops to ``nobody`` (in
+that order: the first two need root); :func:`supervise` collects output under the deadline, then
+kills every descendant (process group + cgroup) and turns what happened into an
+:class:`ExecResult`. The bwrap backend calls the two halves separately, so that it can start a
+sandbox before the request for it arrives.
 """
 
 from __future__ import annotations
@@ -187,6 +189,46 @@ def exit_status(returncode: int | None, *, via_bwrap: bool) -> int | None:
     return returncode
 
 
+def spawn(
+    argv: list[str],
+    *,
+    limits: Limits,
+    backend: str,
+    pass_fds: tuple[int, ...] = (),
+    before_drop: Callable[[], None] | None = None,
+    after_drop: Callable[[], None] | None = None,
+    env: dict[str, str] | None = None,
+    via_bwrap: bool = False,
+) -> tuple[subprocess.Popen[bytes], cgroups.RunCgroup | None]:
+    """Create the run's cgroup and start ``argv`` in it as nobody (see :func:`run_once`).
+
+    Returns:
+        The started process (stdout/stderr are pipes) and its cgroup (``None`` without cgroups);
+        the caller must :func:`supervise` it and then remove the cgroup.
+    """
+    factory = cgroups.detect()
+    overhead = BWRAP_PIDS_OVERHEAD if via_bwrap else 0
+    cg = factory.create(memory_mb=limits.memory_mb, pids=limits.pids + overhead) if factory else None
+    try:
+        preexec = make_preexec(
+            cg.procs_paths() if cg else [], rlimits(limits, cgroup=cg is not None), before_drop, after_drop
+        )
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=env or {"PATH": "/usr/bin:/bin"}, preexec_fn=preexec, start_new_session=True,
+            pass_fds=pass_fds, close_fds=True, cwd="/",
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as exc:
+        if cg is not None:
+            cg.remove()
+        raise SandboxError(f"{backend}: could not start the sandbox ({exc})") from exc
+    except BaseException:
+        if cg is not None:
+            cg.remove()
+        raise
+    return proc, cg
+
+
 def run_once(
     argv: list[str],
     *,
@@ -211,28 +253,16 @@ def run_once(
         via_bwrap: The child is bwrap (exit status ``128 + sig`` means killed by ``sig``).
     """
     start = time.monotonic()
-    factory = cgroups.detect()
-    overhead = BWRAP_PIDS_OVERHEAD if via_bwrap else 0
-    cg = factory.create(memory_mb=limits.memory_mb, pids=limits.pids + overhead) if factory else None
+    proc, cg = spawn(argv, limits=limits, backend=backend, pass_fds=pass_fds, before_drop=before_drop,
+                     after_drop=after_drop, env=env, via_bwrap=via_bwrap)  # fmt: skip
     try:
-        preexec = make_preexec(
-            cg.procs_paths() if cg else [], rlimits(limits, cgroup=cg is not None), before_drop, after_drop
-        )
-        try:
-            proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=env or {"PATH": "/usr/bin:/bin"}, preexec_fn=preexec, start_new_session=True,
-                pass_fds=pass_fds, close_fds=True, cwd="/",
-            )  # fmt: skip
-        except (OSError, subprocess.SubprocessError) as exc:
-            raise SandboxError(f"{backend}: could not start the sandbox ({exc})") from exc
-        return _supervise(proc, cg, limits, backend, start, via_bwrap)
+        return supervise(proc, cg, limits, backend, start, via_bwrap)
     finally:
         if cg is not None:
             cg.remove()
 
 
-def _supervise(
+def supervise(
     proc: subprocess.Popen[bytes],
     cg: cgroups.RunCgroup | None,
     limits: Limits,
@@ -240,7 +270,16 @@ def _supervise(
     start: float,
     via_bwrap: bool,
 ) -> ExecResult:
-    """Collect the output of a started run, then make sure nothing of it survives."""
+    """Collect the output of a started run, then make sure nothing of it survives.
+
+    Args:
+        proc: The run's process (stdout and stderr are pipes).
+        cg: Its cgroup, killed (not removed) at the end; ``None`` without cgroups.
+        limits: The run's limits (output cap, wall deadline counted from ``start``).
+        backend: Backend name recorded in the result.
+        start: ``time.monotonic()`` when the run was requested.
+        via_bwrap: The process is bwrap (exit status ``128 + sig`` means killed by ``sig``).
+    """
     assert proc.stdout is not None and proc.stderr is not None
 
     def kill() -> None:

@@ -212,9 +212,16 @@ def minimal_site() -> None:
 
 
 def main() -> None:
-    """Entry point inside a one-shot sandbox: ``python3 -I -S -c SOURCE PAYLOAD_FD``."""
+    """Entry point inside a one-shot sandbox: ``python3 -I -S -c SOURCE PAYLOAD_FD [GO_FD]``.
+
+    With ``GO_FD`` the interpreter was started before its request existed (a spare sandbox):
+    it blocks until the parent writes one byte there (the request is then in the payload memfd)
+    or closes it (the spare is not needed: exit quietly).
+    """
     if "site" not in sys.modules:
         minimal_site()
+    if len(sys.argv) > 2 and not os.read(int(sys.argv[2]), 1):
+        os._exit(0)
     request = marshal.loads(read_fd(int(sys.argv[1])))
     # Nothing the parent holds (cgroup files, the seccomp fd) must stay reachable from the snippet.
     os.closerange(3, 1 << 16)

@@ -5,14 +5,17 @@ mount/net/ipc/uts/pid namespaces (the empty network namespace is created once pe
 reused by every request). It receives a config (the launcher source, a seccomp BPF program,
 limits, cgroup layout), imports the usual modules once, then serves one request at a time:
 
-1. make the request's cgroups (memory + pids) below the worker's bind-mounted cgroup dirs;
-2. ``unshare`` fresh pid/mount/ipc/uts namespaces, fork the *runner* (pid 1 of the new pid
-   namespace, so all its descendants die with it), and ``setns`` back to its own namespaces;
-3. the runner mounts a size-capped tmpfs on ``/tmp`` and ``/dev/shm`` and a fresh ``/proc``,
-   joins the cgroups, hides them, sets rlimits, takes the caller's pipes as stdout/stderr, closes
-   every other fd, drops to uid/gid 65534, installs seccomp, and runs the snippet;
-4. the zygote enforces the wall deadline (SIGKILL of pid 1 ends the namespace), answers the
-   caller with the status and CPU time (JSON), then removes the cgroups.
+1. before the request arrives: make its cgroups (memory + pids) below the worker's bind-mounted
+   cgroup dirs, ``unshare`` fresh pid/mount/ipc/uts namespaces, fork the *runner* (pid 1 of the
+   new pid namespace, so all its descendants die with it), and ``setns`` back to its own
+   namespaces; the runner mounts a size-capped tmpfs on ``/tmp`` and ``/dev/shm`` and a fresh
+   ``/proc``, joins the cgroups, hides them, sets rlimits, closes every other fd, drops to
+   uid/gid 65534, installs seccomp, and waits on a socket of its own;
+2. when the request comes, pass the caller's fds (stdout, stderr, request memfd) to the waiting
+   runner, which reads the request and runs the snippet;
+3. while it runs, release the previous request's namespaces and cgroups;
+4. enforce the wall deadline (SIGKILL of pid 1 ends the namespace), answer the caller with the
+   status and CPU time (JSON), then prepare the next runner.
 
 The zygote never holds secrets: it starts with an empty environment and only ever receives code,
 files and limits. See :mod:`arborl.sandbox.zygote` for the threat model.
@@ -20,6 +23,7 @@ files and limits. See :mod:`arborl.sandbox.zygote` for the threat model.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import json
@@ -39,6 +43,7 @@ CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID = 0x20000, 0x4000000, 0x80
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
 MNT_DETACH = 2
 CG_MOUNT = "/run/arborl/cg"
+READY_RUNNERS = 2  # runners forked ahead of their requests
 SETUP_FAILED = 125  # runner exit status when the sandbox setup (not the snippet) failed
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -77,7 +82,9 @@ class Server:
         self.load_seccomp = self.launcher.bpf_loader(config["bpf"])
         self.cg_dirs = [os.path.join(CG_MOUNT, str(i)) for i in range(config["cg_count"])]
         self.counter = 0
-        self.next_dirs: list[str] = []
+        # Runners waiting for the next requests, and what the previous request left to remove.
+        self.ready: collections.deque[tuple[int, socket.socket, list[int], list[str]]] = collections.deque()
+        self.previous: tuple[list[int], list[str]] = ([], [])
         # The zygote's own namespaces, to return to after each fork (see fork_into_namespaces).
         self.home_ns = [
             (os.open(f"/proc/self/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), flag)
@@ -149,8 +156,10 @@ class Server:
     def serve_one(self) -> None:
         """Take one request (an 8-byte tag plus fds: stdout, stderr, request memfd) and answer it.
 
-        The request itself is only ever read by the runner after the fork, so the zygote's
-        memory, which every later runner inherits, never holds another run's code or files.
+        The runner for it was forked, jailed and dropped to uid 65534 before the request came
+        (:meth:`prefork`); the zygote only passes it the caller's fds. The request itself is only
+        ever read by the runner, so the zygote's memory, which every later runner inherits,
+        never holds another run's code or files.
         """
         tag, fds, _, _ = socket.recv_fds(self.sock, 8, 3)
         if not tag:
@@ -161,24 +170,56 @@ class Server:
             send_msg(self.sock, {"exit_code": None, "error": f"zygote: malformed request {tag!r}"})
             return
         start = time.monotonic()
-        dirs, self.next_dirs = self.next_dirs or (self.make_cgroups() if self.cg_dirs else []), []
+        runner, chan, held, dirs = self.ready.popleft() if self.ready else self.prefork()
         try:
-            runner, held = self.fork_into_namespaces(fds, dirs)
+            with contextlib.suppress(OSError):  # a runner that died shows up in wait()
+                socket.send_fds(chan, [b"RUN\0"], fds)
         finally:
+            chan.close()
             for fd in fds:
                 os.close(fd)  # only the runner may hold the caller's pipes, or EOF never comes
         report = self.wait(runner, start)
         report["memory_exceeded"] = self.oom_killed(dirs)
         send_msg(self.sock, report)
-        # After answering, the caller need not wait for these: dropping the last reference to
-        # the request's mount/ipc namespaces unmounts its tmpfs (an RCU wait), then the cgroups.
+        # After answering: prepare the next runners, then tear this request down (dropping the
+        # last reference to its mount/ipc namespaces unmounts its tmpfs, an RCU wait, then its
+        # cgroups go). A runner's own setup continues in parallel after its fork, so keeping
+        # more than one ready lets back-to-back requests find one that finished it.
+        self.previous = (held, dirs)
+        self.refill()
+        self.cleanup()
+
+    def refill(self) -> None:
+        """Fork runners until :data:`READY_RUNNERS` wait for a request."""
+        while len(self.ready) < READY_RUNNERS:
+            self.ready.append(self.prefork())
+
+    def cleanup(self) -> None:
+        """Release the previous request's namespaces and cgroups."""
+        held, dirs = self.previous
+        self.previous = ([], [])
         for fd in held:
             os.close(fd)
         self.remove_cgroups(dirs)
-        # The next request's cgroups are made now, off its hot path.
-        self.next_dirs = self.make_cgroups() if self.cg_dirs else []
 
-    def fork_into_namespaces(self, fds: list[int], dirs: list[str]) -> tuple[int, list[int]]:
+    def prefork(self) -> tuple[int, socket.socket, list[int], list[str]]:
+        """Make the next request's cgroups and runner; the runner waits for its fds.
+
+        Returns:
+            The runner's pid, the socket its fds go through, the namespace fds to close once
+            the request is answered, and its cgroup directories.
+        """
+        dirs = self.make_cgroups() if self.cg_dirs else []
+        chan, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            pid, held = self.fork_into_namespaces(child_end, chan, dirs)
+        finally:
+            child_end.close()
+        return pid, chan, held, dirs
+
+    def fork_into_namespaces(
+        self, chan: socket.socket, other: socket.socket, dirs: list[str]
+    ) -> tuple[int, list[int]]:
         """Fork the runner as pid 1 of fresh pid/mount/ipc/uts namespaces.
 
         ``unshare`` also moves the zygote itself into the new mount/ipc/uts namespaces (and sets
@@ -196,7 +237,8 @@ class Server:
         try:
             pid = os.fork()
             if pid == 0:
-                self.runner(fds, dirs)
+                other.close()
+                self.runner(chan, dirs)
         finally:
             for fd, flag in self.home_ns:
                 _check(_libc.setns(fd, flag), "setns back to the zygote's namespaces")
@@ -223,18 +265,38 @@ class Server:
             report["timed_out"] = True
         return report
 
-    def runner(self, fds: list[int], dirs: list[str]) -> None:
-        """Pid 1 of the request's namespace: set up the jail, drop privileges, run the snippet."""
+    def runner(self, chan: socket.socket, dirs: list[str]) -> None:
+        """Pid 1 of the request's namespace: jail itself, drop privileges, await and run the request.
+
+        Everything up to the seccomp filter happens before the request exists; then the runner
+        (uid 65534 by now) blocks until the zygote passes it the caller's stdout, stderr and
+        request memfd. A setup failure is reported on the caller's stderr once that arrives.
+        """
+        failure: BaseException | None = None
         try:
-            request = marshal.loads(self.launcher.read_fd(fds[2]))
-            os.dup2(fds[0], 1)
-            os.dup2(fds[1], 2)
             self.jail(dirs)
-            os.closerange(3, 1 << 16)
+            keep = chan.fileno()
+            os.closerange(3, keep)
+            os.closerange(keep + 1, 1 << 16)
             os.setgroups([])
             os.setresgid(65534, 65534, 65534)
             os.setresuid(65534, 65534, 65534)
             self.load_seccomp()
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller below
+            failure = exc
+        try:
+            _, fds, _, _ = socket.recv_fds(chan, 8, 3)
+        except BaseException:  # noqa: BLE001 - the zygote is gone: nothing to run, nobody to tell
+            os._exit(SETUP_FAILED)
+        if len(fds) != 3:
+            os._exit(0)  # the zygote stopped without using this runner
+        try:
+            os.dup2(fds[0], 1)
+            os.dup2(fds[1], 2)
+            if failure is not None:
+                raise failure
+            request = marshal.loads(self.launcher.read_fd(fds[2]))
+            os.closerange(3, 1 << 16)
             self.launcher.prepare(request)
         except BaseException as exc:  # noqa: BLE001 - report any setup failure on stderr
             os.write(2, f"arborl-zygote: sandbox setup failed: {exc!r}\n".encode())
@@ -270,12 +332,20 @@ class Server:
             resource.setrlimit(which, value)
 
     def serve_forever(self) -> None:
+        """Prepare the first runner, report ready, serve until the caller closes the socket."""
+        self.refill()
         send_msg(self.sock, {"ready": True, "pid": os.getpid()})
         while True:
             try:
                 self.serve_one()
             except EOFError:
-                return
+                break
+        while self.ready:  # closing its socket makes a waiting runner exit
+            runner, chan, held, dirs = self.ready.popleft()
+            chan.close()
+            os.waitpid(runner, 0)
+            self.previous = (held + self.previous[0], dirs + self.previous[1])
+        self.cleanup()
 
 
 def main() -> None:
