@@ -42,7 +42,7 @@ from arborl.store.base import (
     check_group_by,
 )
 from arborl.store.blob import BlobStore, NoBlobStore
-from arborl.store.codec import Prepared, dedup_batch, episode_from, prepare, turn_dict, turns_from
+from arborl.store.codec import Prepared, dedup_batch, episode_from, prepare_many, turn_dict, turns_from
 from arborl.store.common import BaseStore, expiry_rules, keyset_condition, sql_where
 from arborl.store.pg_layout import LAYOUT_VERSION, PERIODS, ensure_partitions, install_layout, old_partitions
 from arborl.trajectory.schema import Episode, SchemaError, Turn
@@ -98,7 +98,7 @@ class PostgresStore(BaseStore):
         """
         import psycopg
 
-        prepared = [prepare(e) for e in episodes]
+        prepared = prepare_many(episodes)
         unique, alias = dedup_batch(prepared)
         for attempt in range(_RETRIES):
             try:

@@ -42,7 +42,7 @@ from arborl.store.base import (
     check_group_by,
 )
 from arborl.store.blob import BlobStore
-from arborl.store.codec import dedup_batch, from_blob, prepare, to_blob
+from arborl.store.codec import dedup_batch, from_blob, prepare_many, to_blob
 from arborl.store.common import BaseStore, expiry_rules
 from arborl.trajectory.schema import Episode, SchemaError, Turn
 
@@ -129,7 +129,7 @@ class RedisStore(BaseStore):
         """
         import redis
 
-        prepared = [prepare(e) for e in episodes]
+        prepared = prepare_many(episodes)
         unique, alias = dedup_batch(prepared)
         if not unique:
             return []

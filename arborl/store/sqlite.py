@@ -47,7 +47,7 @@ from arborl.store.codec import (
     dedup_batch,
     episode_from,
     parse_bodies,
-    prepare,
+    prepare_many,
     turn_dict,
     turns_from,
 )
@@ -132,6 +132,11 @@ class SQLiteStore(BaseStore):
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self._db.execute("PRAGMA cache_size=-65536")  # 64 MiB page cache
+        # Checkpoint the WAL every 32 MiB, not every 4 MiB (the default): a 500-episode put_many
+        # writes ~4 MiB, so the default copied and fsynced the database after nearly every commit
+        # (half the write time). Durability is unchanged: a commit is durable once in the WAL.
+        self._db.execute("PRAGMA wal_autocheckpoint=8192")
+        self._db.execute(f"PRAGMA journal_size_limit={64 << 20}")  # truncate the WAL back after a checkpoint
         self._init_layout()
 
     def _init_layout(self) -> None:
@@ -162,7 +167,7 @@ class SQLiteStore(BaseStore):
             SchemaError: an episode is malformed, or reuses a stored episode_id for other content.
                 Nothing from the call is stored.
         """
-        prepared = [prepare(e, pack=True) for e in episodes]
+        prepared = prepare_many(episodes, pack=True)
         unique, alias = dedup_batch(prepared)
         with self._write():
             existing = self._existing(unique)
@@ -202,7 +207,8 @@ class SQLiteStore(BaseStore):
             r = p.row
             ep_rows.append((k, r.episode_id, r.content_hash, r.task_id, r.task_type, r.group_id, r.source,
                             r.iteration, r.policy_version, r.reward, r.success, r.n_turns, r.n_nodes,
-                            r.stop_reason, r.created_at, json.dumps(r.tags), r.schema_version, p.meta))
+                            r.stop_reason, r.created_at, json.dumps(r.tags) if r.tags else "[]", r.schema_version,
+                            p.meta))
             if len(p.turns) >= 1 << TURN_BITS:
                 raise StoreError(f"episode {r.episode_id} has {len(p.turns)} turns; the SQLite store holds "
                                  f"at most {(1 << TURN_BITS) - 1} per episode")
