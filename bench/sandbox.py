@@ -5,8 +5,8 @@ Usage::
     python bench/sandbox.py                 # every available backend, 40 runs each
     python bench/sandbox.py --runs 100 --backends bwrap zygote
 
-For each backend: p50 and p90 latency of one ``run_python("print(1)")`` call (sequential, after
-warm-up), and runs per second at concurrency 1 and 4 (a thread pool). When docker works, two
+For each backend: min, p50 and p90 latency of one ``run_python("print(1)")`` call (sequential,
+back to back unless ``--gap-ms`` spaces them, after warm-up), and runs per second at concurrency 1 and 4 (a thread pool). When docker works, two
 reference rows are added -- ``docker exec`` into a warm container (the docker backend's default)
 and ``docker run --rm`` (its cold path, ``warm=False``) -- and every row shows how many times
 faster than each its p50 is. Targets: zygote p50 <= 5 ms, bwrap p50 <= 30 ms.
@@ -34,15 +34,18 @@ class Row:
     """One measured backend (or reference path)."""
 
     name: str
+    min_ms: float
     p50_ms: float
     p90_ms: float
     rps_1: float | None
     rps_4: float | None
 
 
-def _latencies(run: object, n: int) -> list[float]:
+def _latencies(run: object, n: int, gap_s: float = 0.0) -> list[float]:
     out = []
     for _ in range(n):
+        if gap_s:
+            time.sleep(gap_s)  # caller "think time" between calls (e.g. the model generating)
         t = time.perf_counter()
         res = run(CODE)  # type: ignore[operator]
         out.append((time.perf_counter() - t) * 1000)
@@ -62,16 +65,16 @@ def _p90(xs: list[float]) -> float:
     return statistics.quantiles(xs, n=10)[-1]
 
 
-def measure(name: str, runs: int, *, throughput: bool = True) -> Row:
-    """Measure one backend by name."""
+def measure(name: str, runs: int, *, gap_s: float = 0.0, throughput: bool = True) -> Row:
+    """Measure one backend by name (latency of sequential calls ``gap_s`` apart)."""
     with Sandbox(name, LIMITS) as sb:
         _latencies(sb.run_python, 3)  # warm-up: worker start, page cache
-        lat = _latencies(sb.run_python, runs)
+        lat = _latencies(sb.run_python, runs, gap_s)
         rps1 = _throughput(sb.run_python, runs, 1) if throughput else None
         if throughput:
             _throughput(sb.run_python, 8, 4)  # warm-up: a pooled backend starts its extra workers here
         rps4 = _throughput(sb.run_python, runs, 4) if throughput else None
-    return Row(name, statistics.median(lat), _p90(lat), rps1, rps4)
+    return Row(name, min(lat), statistics.median(lat), _p90(lat), rps1, rps4)
 
 
 def measure_docker_cold(runs: int) -> Row | None:
@@ -86,7 +89,18 @@ def measure_docker_cold(runs: int) -> Row | None:
         lat = _latencies(backend.run_python, runs)
     finally:
         backend.close()
-    return Row("docker run (cold)", statistics.median(lat), _p90(lat), None, None)
+    return Row("docker run (cold)", min(lat), statistics.median(lat), _p90(lat), None, None)
+
+
+def measure_bwrap_cold(runs: int, gap_s: float = 0.0) -> Row:
+    """The bwrap backend without spare sandboxes: every call starts its sandbox (``spares=0``)."""
+    backend = backend_class("bwrap")(LIMITS, spares=0)
+    try:
+        _latencies(backend.run_python, 3)
+        lat = _latencies(backend.run_python, runs, gap_s)
+    finally:
+        backend.close()
+    return Row("bwrap cold (spares=0)", min(lat), statistics.median(lat), _p90(lat), None, None)
 
 
 def _fmt(x: float | None, spec: str = ".1f") -> str:
@@ -95,14 +109,14 @@ def _fmt(x: float | None, spec: str = ".1f") -> str:
 
 def render(rows: list[Row], warm: Row | None, cold: Row | None) -> None:
     """Print the table (rich if installed, else plain text)."""
-    header = ["backend", "p50 ms", "p90 ms", "runs/s c=1", "runs/s c=4", "x faster than docker exec",
+    header = ["backend", "min ms", "p50 ms", "p90 ms", "runs/s c=1", "runs/s c=4", "x faster than docker exec",
               "x faster than docker run", "target p50"]  # fmt: skip
     body = []
     for r in rows:
         target = TARGETS_MS.get(r.name)
         verdict = "" if target is None else f"<= {target:g} ms: {'met' if r.p50_ms <= target else 'MISSED'}"
         body.append([
-            r.name, _fmt(r.p50_ms), _fmt(r.p90_ms), _fmt(r.rps_1), _fmt(r.rps_4),
+            r.name, _fmt(r.min_ms), _fmt(r.p50_ms), _fmt(r.p90_ms), _fmt(r.rps_1), _fmt(r.rps_4),
             _fmt(warm.p50_ms / r.p50_ms if warm else None), _fmt(cold.p50_ms / r.p50_ms if cold else None), verdict,
         ])  # fmt: skip
     try:
@@ -129,19 +143,25 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=40, help="runs per measurement (latency and each throughput)")
     ap.add_argument("--cold-runs", type=int, default=10, help="runs of the docker cold path")
     ap.add_argument("--backends", nargs="*", help="backends to measure (default: every available one)")
+    ap.add_argument("--gap-ms", type=float, default=0.0,
+                    help="pause between the sequential latency calls (default 0: back to back)")
     args = ap.parse_args()
+    print(f"load average at start: {os.getloadavg()[0]:.2f}; calls {args.gap_ms:g} ms apart")
     names = args.backends or Sandbox.available_backends()
     rows = []
     for name in names:
         try:
-            rows.append(measure(name, args.runs))
+            rows.append(measure(name, args.runs, gap_s=args.gap_ms / 1000))
         except SandboxError as exc:
             print(f"{name}: failed: {exc}")
+    if "bwrap" in names and any(r.name == "bwrap" for r in rows):
+        rows.append(measure_bwrap_cold(args.runs, args.gap_ms / 1000))
     warm = next((r for r in rows if r.name == "docker"), None)
     cold = measure_docker_cold(args.cold_runs) if "docker" in names and warm is not None else None
     if cold is not None:
         rows.append(cold)
     render(rows, warm, cold)
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":
