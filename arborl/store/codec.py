@@ -111,8 +111,8 @@ def _turn_rows(ep: Episode, pack: bool) -> list[TurnRow]:
                       reward=float(t.reward), timings=timings, body=c.text())
         if pack:
             p_oi, p_ol, p_om, p_pi = c.plain
-            oi, ol = pack_exact("output_ids", t.output_ids, p_oi), pack_exact("output_logprobs", t.output_logprobs, p_ol)
-            om, pi = pack_exact("output_mask", t.output_mask, p_om), pack_exact("prompt_ids", t.prompt_ids, p_pi)
+            oi, ol = pack_exact(t.output_ids, "i", p_oi), pack_exact(t.output_logprobs, "d", p_ol)
+            om, pi = pack_exact(t.output_mask, "b", p_om), pack_exact(t.prompt_ids, "i", p_pi)
             # blobs in packing.ARRAY_FIELDS order; the body keeps only the arrays that did not pack
             row.packed = (c.text((oi is None, ol is None, om is None, pi is None)), [pi, oi, ol, om])
         rows.append(row)

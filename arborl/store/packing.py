@@ -20,13 +20,18 @@ _CODE = {"prompt_ids": "i", "output_ids": "i", "output_logprobs": "d", "output_m
 _SWAP = sys.byteorder == "big"
 
 
-def _pack(values: Any, code: str, plain: bool | None = None) -> bytes | None:
-    """Packed bytes, or ``None`` if not exact. ``plain``: the caller already checked the types."""
+def _pack(values: Any, code: str) -> bytes | None:
     if not isinstance(values, list):
         return None
     # exact types only (a bool is an int subclass, an int is not a float); set(map(type)) runs in C
-    if plain is None:
-        plain = set(map(type, values)) <= ({float} if code == "d" else {int})
+    return pack_exact(values, code, set(map(type, values)) <= ({float} if code == "d" else {int}))
+
+
+def pack_exact(values: Any, code: str, plain: bool) -> bytes | None:
+    """Pack a list whose exact-type check (``plain``) is already done; ``code``: "i", "d" or "b".
+
+    Returns ``None`` (keep the values in JSON) unless ``plain`` and every value fits the code.
+    """
     if not plain:
         return None
     try:
@@ -38,11 +43,6 @@ def _pack(values: Any, code: str, plain: bool | None = None) -> bytes | None:
     if _SWAP:
         a.byteswap()
     return a.tobytes()
-
-
-def pack_exact(name: str, values: Any, plain: bool) -> bytes | None:
-    """Pack one array field whose exact-type check (``plain``) is already known."""
-    return _pack(values, _CODE[name], plain)
 
 
 def _unpack(data: bytes, code: str) -> list[Any]:

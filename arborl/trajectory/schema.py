@@ -20,6 +20,7 @@ import copy
 import hashlib
 import json
 import math
+import operator
 import time
 import uuid
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
@@ -130,8 +131,9 @@ class Turn:
             )
         if not math.isfinite(self.reward):
             raise SchemaError(f"turn {self.turn_id}: reward is {self.reward}; step rewards must be finite")
-        # map/set run the per-token loops in C; semantics as `all(isfinite(x))` / `m in (0, 1)`
-        if not all(map(math.isfinite, self.output_logprobs)):
+        # sum/map/set run the per-token loops in C; semantics as `all(isfinite(x))` / `m in (0, 1)`
+        s = sum(self.output_logprobs)
+        if s - s != 0 and not all(map(math.isfinite, self.output_logprobs)):  # a finite sum: all finite
             raise SchemaError(f"turn {self.turn_id}: output_logprobs contains a non-finite value")
         try:
             mask_ok = _MASK_VALUES.issuperset(self.output_mask)
@@ -333,6 +335,8 @@ CANONICAL_ARRAYS = ("output_ids", "output_logprobs", "output_mask", "prompt_ids"
 """Token array fields of a turn in canonical (sorted-key) order: :attr:`CanonicalTurn.arrays`."""
 _HEAD = ("action", "action_text", "error", "index", "info", "media", "observation")
 _TAIL = ("result", "reward", "state_key", "terminated", "tool_call", "truncated")
+_HEAD_KEYS, _HEAD_GET = tuple(f'"{n}":' for n in _HEAD), operator.attrgetter(*_HEAD)
+_TAIL_KEYS, _TAIL_GET = tuple(f'"{n}":' for n in _TAIL), operator.attrgetter(*_TAIL)
 # Small ids are looked up, not formatted: int-to-text is the bulk of hashing a turn.
 _ID_TEXT = {i: str(i) for i in range(1 << 17)}
 
@@ -356,6 +360,12 @@ class CanonicalTurn(NamedTuple):
 
     def text(self, keep: tuple[bool, bool, bool, bool] = (True, True, True, True)) -> str:
         """The turn's canonical JSON object; with ``keep``, only the arrays whose flag is set."""
+        oi, ol, om, pi = self.arrays
+        if keep == (True, True, True, True):  # the common cases, without the generic join
+            return (f'{{{self.head},"output_ids":{oi},"output_logprobs":{ol},"output_mask":{om},{self.mid},'
+                    f'"prompt_ids":{pi},{self.tail}}}')
+        if keep == (False, False, False, False):
+            return f"{{{self.head},{self.mid},{self.tail}}}"
         oi, ol, om, pi = (f',"{n}":{a}' if k else "" for n, a, k in zip(CANONICAL_ARRAYS, self.arrays, keep,
                                                                        strict=True))
         return f"{{{self.head}{oi}{ol}{om},{self.mid}{pi},{self.tail}}}"
@@ -400,7 +410,12 @@ def _json(v: Any) -> str:
         return float.__repr__(v)
     if not v and (t is list or t is dict):
         return "[]" if t is list else "{}"
-    return _CANON.encode(_plain(v))
+    if t is ToolCall:  # on most turns: its fields in sorted order, without building a dict
+        return f'{{"arguments":{_json(v.arguments)},"call_id":{_json(v.call_id)},"name":{_json(v.name)}}}'
+    try:  # plain JSON data encodes as is; _plain converts what asdict would (dataclasses inside)
+        return _CANON.encode(v)
+    except TypeError:
+        return _CANON.encode(_plain(v))
 
 
 def _int_array(v: Any) -> tuple[str, bool]:
@@ -413,7 +428,8 @@ def _int_array(v: Any) -> tuple[str, bool]:
 
 
 def _float_array(v: Any) -> tuple[str, bool]:
-    if type(v) is list and set(map(type, v)) <= {float} and all(map(math.isfinite, v)):
+    # a finite sum means every value is finite; otherwise the encoder decides (and raises on nan/inf)
+    if type(v) is list and set(map(type, v)) <= {float} and (s := sum(v)) - s == 0.0:
         return "[" + ",".join(map(float.__repr__, v)) + "]", True
     return _CANON.encode(_plain(v)), False
 
@@ -428,13 +444,13 @@ def canonical_turns(ep: Episode) -> list[CanonicalTurn]:
     order = {t.turn_id: i for i, t in enumerate(ep.turns)}
     out = []
     for i, t in enumerate(ep.turns):
-        head = ",".join(f'"{n}":{_json(getattr(t, n))}' for n in _HEAD)
+        head = ",".join(map(str.__add__, _HEAD_KEYS, map(_json, _HEAD_GET(t))))
         (oi, oi_p), (ol, ol_p), (om, om_p), (pi, pi_p) = (
             _int_array(t.output_ids), _float_array(t.output_logprobs), _int_array(t.output_mask),
             _int_array(t.prompt_ids))
         parent = "null" if t.parent_id is None else str(order[t.parent_id])
         mid = f'"parent_id":{parent},"policy_version":{_json(t.policy_version)}'
-        tail = ",".join(f'"{n}":{_json(getattr(t, n))}' for n in _TAIL)
+        tail = ",".join(map(str.__add__, _TAIL_KEYS, map(_json, _TAIL_GET(t))))
         out.append(CanonicalTurn(head, (oi, ol, om, pi), mid, f'{tail},"turn_id":{i},"valid":{_json(t.valid)}',
                                  (oi_p, ol_p, om_p, pi_p)))
     return out
