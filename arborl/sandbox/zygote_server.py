@@ -13,9 +13,10 @@ limits, cgroup layout), imports the usual modules once, then serves one request 
    uid/gid 65534, installs seccomp, and waits on a socket of its own;
 2. when the request comes, pass the caller's fds (stdout, stderr, request memfd) to the waiting
    runner, which reads the request and runs the snippet;
-3. while it runs, release the previous request's namespaces and cgroups;
-4. enforce the wall deadline (SIGKILL of pid 1 ends the namespace), answer the caller with the
-   status and CPU time (JSON), then prepare the next runner.
+3. enforce the wall deadline (SIGKILL of pid 1 ends the namespace) and answer the caller with
+   the status and CPU time (JSON);
+4. as background work -- while no request waits, or while a runner works -- fork the next
+   runners (two are kept ready) and release answered requests' namespaces and cgroups.
 
 The zygote never holds secrets: it starts with an empty environment and only ever receives code,
 files and limits. See :mod:`arborl.sandbox.zygote` for the threat model.
@@ -44,6 +45,7 @@ MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40
 MNT_DETACH = 2
 CG_MOUNT = "/run/arborl/cg"
 READY_RUNNERS = 2  # runners forked ahead of their requests
+MAX_TEARDOWN_BACKLOG = 4  # answered requests whose teardown may wait for idle time
 SETUP_FAILED = 125  # runner exit status when the sandbox setup (not the snippet) failed
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -82,9 +84,10 @@ class Server:
         self.load_seccomp = self.launcher.bpf_loader(config["bpf"])
         self.cg_dirs = [os.path.join(CG_MOUNT, str(i)) for i in range(config["cg_count"])]
         self.counter = 0
-        # Runners waiting for the next requests, and what the previous request left to remove.
+        # Runners waiting for the next requests, and the namespace fds + cgroups of answered
+        # requests still to be released.
         self.ready: collections.deque[tuple[int, socket.socket, list[int], list[str]]] = collections.deque()
-        self.previous: tuple[list[int], list[str]] = ([], [])
+        self.teardown: collections.deque[tuple[list[int], list[str]]] = collections.deque()
         # The zygote's own namespaces, to return to after each fork (see fork_into_namespaces).
         self.home_ns = [
             (os.open(f"/proc/self/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), flag)
@@ -181,26 +184,35 @@ class Server:
         report = self.wait(runner, start)
         report["memory_exceeded"] = self.oom_killed(dirs)
         send_msg(self.sock, report)
-        # After answering: prepare the next runners, then tear this request down (dropping the
-        # last reference to its mount/ipc namespaces unmounts its tmpfs, an RCU wait, then its
-        # cgroups go). A runner's own setup continues in parallel after its fork, so keeping
-        # more than one ready lets back-to-back requests find one that finished it.
-        self.previous = (held, dirs)
-        self.refill()
-        self.cleanup()
+        # Tearing the request down (dropping the last reference to its mount/ipc namespaces
+        # unmounts its tmpfs, an RCU wait, then its cgroups go) is background work, like forking
+        # the next runners; a bounded backlog is cleared here at once.
+        self.teardown.append((held, dirs))
+        while len(self.teardown) > MAX_TEARDOWN_BACKLOG:
+            self.background_step()
 
-    def refill(self) -> None:
-        """Fork runners until :data:`READY_RUNNERS` wait for a request."""
-        while len(self.ready) < READY_RUNNERS:
+    def background_pending(self) -> bool:
+        """Whether runners are missing or finished requests still await their teardown."""
+        return len(self.ready) < READY_RUNNERS or bool(self.teardown)
+
+    def background_step(self) -> None:
+        """One unit of background work: fork a missing runner first, else tear one request down.
+
+        The zygote runs these while no request waits, and while a runner works (when requests
+        come back to back there is no idle time; the second core runs them beside the runner).
+        """
+        if len(self.ready) < READY_RUNNERS:
             self.ready.append(self.prefork())
+        elif self.teardown:
+            held, dirs = self.teardown.popleft()
+            for fd in held:
+                os.close(fd)
+            self.remove_cgroups(dirs)
 
-    def cleanup(self) -> None:
-        """Release the previous request's namespaces and cgroups."""
-        held, dirs = self.previous
-        self.previous = ([], [])
-        for fd in held:
-            os.close(fd)
-        self.remove_cgroups(dirs)
+    def idle_work(self) -> None:
+        """Do background work until it is done or a request is waiting on the socket."""
+        while self.background_pending() and not select.select([self.sock], [], [], 0)[0]:
+            self.background_step()
 
     def prefork(self) -> tuple[int, socket.socket, list[int], list[str]]:
         """Make the next request's cgroups and runner; the runner waits for its fds.
@@ -249,6 +261,10 @@ class Server:
         report: dict = {"exit_code": None, "timed_out": False, "cpu_s": 0.0, "error": None}
         pidfd = os.pidfd_open(runner)
         try:
+            while self.background_pending() and not select.select([pidfd], [], [], 0)[0]:
+                if time.monotonic() - start > self.cfg["wall_s"]:
+                    break
+                self.background_step()
             remaining = self.cfg["wall_s"] - (time.monotonic() - start)
             if not select.select([pidfd], [], [], max(0.0, remaining))[0]:
                 report["timed_out"] = True
@@ -332,10 +348,12 @@ class Server:
             resource.setrlimit(which, value)
 
     def serve_forever(self) -> None:
-        """Prepare the first runner, report ready, serve until the caller closes the socket."""
-        self.refill()
+        """Prepare the first runners, report ready, serve until the caller closes the socket."""
+        while len(self.ready) < READY_RUNNERS:
+            self.background_step()
         send_msg(self.sock, {"ready": True, "pid": os.getpid()})
         while True:
+            self.idle_work()
             try:
                 self.serve_one()
             except EOFError:
@@ -344,8 +362,9 @@ class Server:
             runner, chan, held, dirs = self.ready.popleft()
             chan.close()
             os.waitpid(runner, 0)
-            self.previous = (held + self.previous[0], dirs + self.previous[1])
-        self.cleanup()
+            self.teardown.append((held, dirs))
+        while self.teardown:
+            self.background_step()
 
 
 def main() -> None:
