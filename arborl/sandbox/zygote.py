@@ -127,7 +127,11 @@ class _Worker:
         argv += ["--remount-ro", "/"]
         server_src = (Path(__file__).parent / "zygote_server.py").read_text()
         self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        argv += ["--", common.SYSTEM_PYTHON, "-I", "-B", "-c", server_src, str(child.fileno())]
+        # Runners' sockets arrive on their own channel, so that collect() can take any traffic
+        # on self.sock as the reply.
+        self.runners, runners_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        argv += ["--", common.SYSTEM_PYTHON, "-I", "-B", "-c", server_src, str(child.fileno()),
+                 str(runners_child.fileno())]  # fmt: skip
         procs = [os.path.join(z, "cgroup.procs") for z in zygote_dirs]
         # The zygote's own stderr (never the snippet's) goes to an unlinked file, quoted on failure.
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
@@ -135,10 +139,11 @@ class _Worker:
             self.proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log,
                 env={"PATH": "/usr/bin:/bin"}, preexec_fn=common.make_preexec_join(procs),
-                start_new_session=True, pass_fds=(child.fileno(),), cwd="/",
+                start_new_session=True, pass_fds=(child.fileno(), runners_child.fileno()), cwd="/",
             )  # fmt: skip
         finally:
             child.close()
+            runners_child.close()
         config = {
             "launcher_src": common.launcher_source(), "bpf": bpf, "preload": list(preload),
             "cg_count": len(zygote_dirs), "cg_version": self.cg.version if self.cg else 0,
@@ -161,10 +166,18 @@ class _Worker:
         try:
             os.write(payload, request)
             os.lseek(payload, 0, os.SEEK_SET)
+            pid, runner = self._next_runner()
             try:
-                socket.send_fds(self.sock, [b"REQUEST\0"], [out_w, err_w, payload])
+                socket.send_fds(runner, [b"REQUEST\0"], [out_w, err_w, payload])
+                self.sock.sendall(b"START\0\0\0" + struct.pack("!Q", pid))
             except OSError as exc:
                 raise _WorkerGone(f"zygote worker is gone ({exc})") from exc
+            finally:
+                runner.close()
+        except BaseException:
+            os.close(out_r)
+            os.close(err_r)
+            raise
         finally:
             for fd in (payload, out_w, err_w):
                 os.close(fd)
@@ -198,6 +211,21 @@ class _Worker:
         )  # fmt: skip
         return result, healthy
 
+    def _next_runner(self) -> tuple[int, socket.socket]:
+        """The next runner the zygote has forked and jailed: its pid and its socket."""
+        self.runners.settimeout(_START_TIMEOUT_S)
+        try:
+            msg, fds, _, _ = socket.recv_fds(self.runners, 8, 1)
+        except OSError as exc:
+            raise _WorkerGone(f"zygote worker is gone ({exc})") from exc
+        finally:
+            self.runners.settimeout(None)
+        if len(msg) != 8 or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise _WorkerGone(f"zygote worker is gone (runner message {msg!r}): {self.log_tail()}")
+        return struct.unpack("!Q", msg)[0], socket.socket(fileno=fds[0])
+
     def log_tail(self, n: int = 1500) -> str:
         """The end of the zygote's own stderr (for error messages)."""
         try:
@@ -226,6 +254,8 @@ class _Worker:
         self.kill()
         with contextlib.suppress(AttributeError, OSError):
             self.sock.close()
+        with contextlib.suppress(AttributeError, OSError):
+            self.runners.close()
         with contextlib.suppress(AttributeError, OSError):
             self.log.close()
         if self.cg is not None:

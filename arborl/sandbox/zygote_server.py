@@ -10,16 +10,17 @@ limits, cgroup layout), imports the usual modules once, then serves one request 
    new pid namespace, so all its descendants die with it), and ``setns`` back to its own
    namespaces; the runner mounts a size-capped tmpfs on ``/tmp`` and ``/dev/shm`` and a fresh
    ``/proc``, joins the cgroups, hides them, sets rlimits, closes every other fd, drops to
-   uid/gid 65534, installs seccomp, and waits on a socket of its own;
-2. when the request comes, pass the caller's fds (stdout, stderr, request memfd) to the waiting
-   runner, which reads the request and runs the snippet;
+   uid/gid 65534, installs seccomp, and waits on a socket of its own, whose other end the
+   zygote passes to the caller (over a second socket, so it never mixes with replies);
+2. the caller sends its fds (stdout, stderr, request memfd) straight to a waiting runner, which
+   reads the request and runs the snippet, and tells the zygote which runner started;
 3. enforce the wall deadline (SIGKILL of pid 1 ends the namespace) and answer the caller with
    the status and CPU time (JSON);
 4. as background work -- while no request waits, or while a runner works -- fork the next
    runners (two are kept ready) and release answered requests' namespaces and cgroups.
 
 The zygote never holds secrets: it starts with an empty environment and only ever receives code,
-files and limits. See :mod:`arborl.sandbox.zygote` for the threat model.
+limits. See :mod:`arborl.sandbox.zygote` for the threat model.
 """
 
 from __future__ import annotations
@@ -76,8 +77,9 @@ def send_msg(sock: socket.socket, obj: dict) -> None:
 class Server:
     """Serves requests on one socket; state is only the config sent by the parent."""
 
-    def __init__(self, sock: socket.socket, config: dict) -> None:
+    def __init__(self, sock: socket.socket, ann: socket.socket, config: dict) -> None:
         self.sock = sock
+        self.ann = ann
         self.cfg = config
         self.launcher = types.ModuleType("arborl_launcher")
         exec(compile(config["launcher_src"], "arborl_launcher.py", "exec"), self.launcher.__dict__)
@@ -86,7 +88,7 @@ class Server:
         self.counter = 0
         # Runners waiting for the next requests, and the namespace fds + cgroups of answered
         # requests still to be released.
-        self.ready: collections.deque[tuple[int, socket.socket, list[int], list[str]]] = collections.deque()
+        self.ready: dict[int, tuple[list[int], list[str]]] = {}
         self.teardown: collections.deque[tuple[list[int], list[str]]] = collections.deque()
         # The zygote's own namespaces, to return to after each fork (see fork_into_namespaces).
         self.home_ns = [
@@ -157,31 +159,22 @@ class Server:
 
     # -- one request ---------------------------------------------------------------------
     def serve_one(self) -> None:
-        """Take one request (an 8-byte tag plus fds: stdout, stderr, request memfd) and answer it.
+        """Supervise one run: the caller names the runner it has just handed its fds to.
 
-        The runner for it was forked, jailed and dropped to uid 65534 before the request came
-        (:meth:`prefork`); the zygote only passes it the caller's fds. The request itself is only
-        ever read by the runner, so the zygote's memory, which every later runner inherits,
-        never holds another run's code or files.
+        Runners are forked, jailed and dropped to uid 65534 before any request exists, and each
+        one's socket is passed to the caller (:meth:`background_step`), which sends the runner
+        its stdout, stderr and request memfd directly, then ``START`` + the runner's pid here.
+        The request itself is only ever read by the runner, so the zygote's memory, which every
+        later runner inherits, never holds another run's code or files.
         """
-        tag, fds, _, _ = socket.recv_fds(self.sock, 8, 3)
-        if not tag:
-            raise EOFError("caller closed the zygote socket")
-        if tag != b"REQUEST\0" or len(fds) != 3:
-            for fd in fds:
-                os.close(fd)
-            send_msg(self.sock, {"exit_code": None, "error": f"zygote: malformed request {tag!r}"})
-            return
+        data = recv_exact(self.sock, 16)
         start = time.monotonic()
-        runner, chan, held, dirs = self.ready.popleft() if self.ready else self.prefork()
-        try:
-            with contextlib.suppress(OSError):  # a runner that died shows up in wait()
-                socket.send_fds(chan, [b"RUN\0"], fds)
-        finally:
-            chan.close()
-            for fd in fds:
-                os.close(fd)  # only the runner may hold the caller's pipes, or EOF never comes
-        report = self.wait(runner, start)
+        tag, (pid,) = data[:8], struct.unpack("!Q", data[8:])
+        if tag != b"START\0\0\0" or pid not in self.ready:
+            send_msg(self.sock, {"exit_code": None, "error": f"zygote: malformed request {data!r}"})
+            return
+        held, dirs = self.ready.pop(pid)
+        report = self.wait(pid, start)
         report["memory_exceeded"] = self.oom_killed(dirs)
         send_msg(self.sock, report)
         # Tearing the request down (dropping the last reference to its mount/ipc namespaces
@@ -202,7 +195,14 @@ class Server:
         come back to back there is no idle time; the second core runs them beside the runner).
         """
         if len(self.ready) < READY_RUNNERS:
-            self.ready.append(self.prefork())
+            pid, chan, held, dirs = self.prefork()
+            self.ready[pid] = (held, dirs)
+            try:
+                socket.send_fds(self.ann, [struct.pack("!Q", pid)], [chan.fileno()])
+            except OSError as exc:
+                raise EOFError("caller closed the runner socket") from exc
+            finally:
+                chan.close()  # the caller holds it now; the runner sees EOF if the caller drops it
         elif self.teardown:
             held, dirs = self.teardown.popleft()
             for fd in held:
@@ -349,31 +349,31 @@ class Server:
 
     def serve_forever(self) -> None:
         """Prepare the first runners, report ready, serve until the caller closes the socket."""
-        while len(self.ready) < READY_RUNNERS:
-            self.background_step()
         send_msg(self.sock, {"ready": True, "pid": os.getpid()})
         while True:
-            self.idle_work()
             try:
+                self.idle_work()
                 self.serve_one()
             except EOFError:
                 break
-        while self.ready:  # closing its socket makes a waiting runner exit
-            runner, chan, held, dirs = self.ready.popleft()
-            chan.close()
+        for runner, (held, dirs) in self.ready.items():  # never used: stop them
+            with contextlib.suppress(OSError):
+                os.kill(runner, signal.SIGKILL)
             os.waitpid(runner, 0)
             self.teardown.append((held, dirs))
+        self.ready.clear()
         while self.teardown:
             self.background_step()
 
 
 def main() -> None:
-    """Entry point: ``python3 -I -c SOURCE SOCKET_FD``."""
+    """Entry point: ``python3 -I -c SOURCE SOCKET_FD RUNNER_SOCKET_FD``."""
     sock = socket.socket(fileno=int(sys.argv[1]))
+    ann = socket.socket(fileno=int(sys.argv[2]))
     (size,) = struct.unpack("!Q", recv_exact(sock, 8))
     config = pickle.loads(recv_exact(sock, size))
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    Server(sock, config).serve_forever()
+    Server(sock, ann, config).serve_forever()
 
 
 if __name__ == "__main__":
