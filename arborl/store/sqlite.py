@@ -46,6 +46,7 @@ from arborl.store.codec import (
     TurnRow,
     dedup_batch,
     episode_from,
+    gc_paused,
     parse_bodies,
     prepare_many,
     turn_dict,
@@ -167,16 +168,15 @@ class SQLiteStore(BaseStore):
             SchemaError: an episode is malformed, or reuses a stored episode_id for other content.
                 Nothing from the call is stored.
         """
-        prepared = prepare_many(episodes, pack=True)
-        unique, alias = dedup_batch(prepared)
-        with self._write():
-            existing = self._existing(unique)
-            new = [p for p in unique if p.row.content_hash not in existing]
-            self._insert(new)
-        out = []
-        for p in prepared:
-            eid = alias.get(p.row.episode_id, p.row.episode_id)
-            out.append(existing.get(p.row.content_hash, eid))
+        with gc_paused():
+            prepared = prepare_many(episodes, pack=True)
+            unique, alias = dedup_batch(prepared)
+            with self._write():
+                existing = self._existing(unique)
+                new = [p for p in unique if p.row.content_hash not in existing]
+                self._insert(new)
+            out = [existing.get(p.row.content_hash, alias.get(p.row.episode_id, p.row.episode_id)) for p in prepared]
+            del prepared, unique, new  # freed now, so the resuming collector has nothing young to walk
         return out
 
     def _existing(self, unique: list[Prepared]) -> dict[str, str]:
