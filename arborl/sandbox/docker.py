@@ -111,6 +111,8 @@ class DockerBackend:
                  idle_ttl_s: float = 900.0) -> None:
         if pool_size < 1:
             raise ValueError(f"pool_size must be >= 1, got {pool_size}")
+        # Resolved once: the per-run docker CLI gets a minimal environment without DOCKER_HOST.
+        docker_host = docker_host or os.environ.get("DOCKER_HOST") or None
         proxy_socket = check_proxy_socket(proxy_socket)
         reason = self.probe(docker_host=docker_host)
         if reason is not None:
