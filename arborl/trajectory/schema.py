@@ -131,15 +131,10 @@ class Turn:
             )
         if not math.isfinite(self.reward):
             raise SchemaError(f"turn {self.turn_id}: reward is {self.reward}; step rewards must be finite")
-        # sum/map/set run the per-token loops in C; semantics as `all(isfinite(x))` / `m in (0, 1)`
-        s = sum(self.output_logprobs)
-        if s - s != 0 and not all(map(math.isfinite, self.output_logprobs)):  # a finite sum: all finite
+        s = sum(self.output_logprobs)  # C loops below; a finite sum means every value is finite
+        if s - s != 0 and not all(map(math.isfinite, self.output_logprobs)):
             raise SchemaError(f"turn {self.turn_id}: output_logprobs contains a non-finite value")
-        try:
-            mask_ok = _MASK_VALUES.issuperset(self.output_mask)
-        except TypeError:  # an unhashable value
-            mask_ok = False
-        if not mask_ok:
+        if not all(map(_MASK_VALUES.__contains__, self.output_mask)):
             raise SchemaError(f"turn {self.turn_id}: output_mask values must be 0 or 1")
 
 
@@ -268,7 +263,7 @@ class Episode:
         result shares no mutable object with the episode at a fraction of ``asdict``'s cost.
         """
         d = {name: _plain(getattr(self, name)) for name in _EPISODE_SCALARS}
-        d["turns"] = [_turn_dict(t) for t in self.turns]
+        d["turns"] = [{name: _plain(getattr(t, name)) for name in _TURN_FIELDS} for t in self.turns]
         return d
 
     def to_json(self) -> str:
@@ -301,9 +296,7 @@ class Episode:
             tc = td.get("tool_call")
             td["tool_call"] = ToolCall(**tc) if tc is not None else None
             turns.append(Turn(**td))
-        body = {k: v for k, v in d.items() if k != "turns"}
-        ep = cls(turns=turns, **body)
-        return ep
+        return cls(turns=turns, **{k: v for k, v in d.items() if k != "turns"})
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Episode:
@@ -321,13 +314,12 @@ class Episode:
 
 
 # --- canonical form (content hash) -----------------------------------------------------------
-# The canonical text of an episode is json.dumps(d, sort_keys=True, separators=(",", ":"),
-# allow_nan=False) of its to_dict() form with episode_id, created_at, group_id, iteration, tags
-# and metadata left out, and in each turn turn_id/parent_id replaced by creation-order numbers
-# and timings left out. It is composed field by field below (a turn's keys in sorted order),
-# which gives the same bytes several times faster and lets the store reuse the pieces.
+# The canonical text is json.dumps(d, sort_keys=True, separators=(",", ":"), allow_nan=False) of
+# to_dict() without HASH_EXCLUDED, each turn's turn_id/parent_id as creation-order numbers and its
+# timings left out. Composing it field by field (sorted keys) gives the same bytes several times
+# faster and lets the store reuse the pieces.
 _CANON = json.JSONEncoder(separators=(",", ":"), allow_nan=False, sort_keys=True)
-_MASK_VALUES = frozenset((0, 1))
+_MASK_VALUES = (0, 1)  # a tuple: `in` compares with ==, as `m in (0, 1)` does, and takes any value
 _SCALARS = frozenset((str, int, float, bool, type(None)))
 HASH_EXCLUDED = frozenset({"episode_id", "created_at", "group_id", "iteration", "tags", "metadata"})
 """Episode fields that :meth:`Episode.content_hash` leaves out (ids, timestamps, grouping, labels)."""
@@ -355,8 +347,7 @@ class CanonicalTurn(NamedTuple):
     arrays: tuple[str, str, str, str]
     mid: str
     tail: str
-    plain: tuple[bool, bool, bool, bool]
-    """Per array: it is a list of plain ``int`` (ids, mask) or finite plain ``float`` (log-probs)."""
+    plain: tuple[bool, bool, bool, bool]  # per array: a list of plain ints (ids, mask) or finite plain floats
 
     def text(self, keep: tuple[bool, bool, bool, bool] = (True, True, True, True)) -> str:
         """The turn's canonical JSON object; with ``keep``, only the arrays whose flag is set."""
@@ -386,13 +377,7 @@ def _plain(v: Any) -> Any:
         return {k: _plain(x) for k, x in v.items()}
     if is_dataclass(v) and not isinstance(v, type):
         return asdict(v)
-    if isinstance(v, list | tuple | dict):
-        return copy.deepcopy(v) if t is not tuple else tuple(_plain(x) for x in v)
-    return copy.deepcopy(v)
-
-
-def _turn_dict(t: Turn) -> dict[str, Any]:
-    return {name: _plain(getattr(t, name)) for name in _TURN_FIELDS}
+    return tuple(_plain(x) for x in v) if t is tuple else copy.deepcopy(v)  # anything else: as asdict does
 
 
 def _json(v: Any) -> str:
@@ -445,9 +430,8 @@ def canonical_turns(ep: Episode) -> list[CanonicalTurn]:
     out = []
     for i, t in enumerate(ep.turns):
         head = ",".join(map(str.__add__, _HEAD_KEYS, map(_json, _HEAD_GET(t))))
-        (oi, oi_p), (ol, ol_p), (om, om_p), (pi, pi_p) = (
-            _int_array(t.output_ids), _float_array(t.output_logprobs), _int_array(t.output_mask),
-            _int_array(t.prompt_ids))
+        (oi, oi_p), (ol, ol_p) = _int_array(t.output_ids), _float_array(t.output_logprobs)
+        (om, om_p), (pi, pi_p) = _int_array(t.output_mask), _int_array(t.prompt_ids)
         parent = "null" if t.parent_id is None else str(order[t.parent_id])
         mid = f'"parent_id":{parent},"policy_version":{_json(t.policy_version)}'
         tail = ",".join(map(str.__add__, _TAIL_KEYS, map(_json, _TAIL_GET(t))))
@@ -467,11 +451,8 @@ def _check_keys(d: dict[str, Any], cls: type, where: str) -> None:
     known = {f.name for f in fields(cls)}
     unknown = set(d) - known
     if unknown:
-        raise SchemaError(
-            f"{where} has unknown field(s) {sorted(unknown)}; known fields are {sorted(known)}"
-        )
-    required = {f.name for f in fields(cls) if f.name in ("turn_id",)}
-    missing = required - set(d)
+        raise SchemaError(f"{where} has unknown field(s) {sorted(unknown)}; known fields are {sorted(known)}")
+    missing = {f.name for f in fields(cls) if f.name in ("turn_id",)} - set(d)
     if missing:
         raise SchemaError(f"{where} is missing field(s) {sorted(missing)}")
 
@@ -479,10 +460,8 @@ def _check_keys(d: dict[str, Any], cls: type, where: str) -> None:
 _TURN_FIELDS = tuple(f.name for f in fields(Turn))
 _EPISODE_SCALARS = tuple(f.name for f in fields(Episode) if f.name != "turns")
 _HASHED_FIELDS = tuple(f for f in _EPISODE_SCALARS if f not in HASH_EXCLUDED)
-_CANONICAL_ORDER = (*_HEAD, *CANONICAL_ARRAYS[:3], "parent_id", "policy_version", "prompt_ids", *_TAIL, "turn_id",
-                    "valid")
-if list(_CANONICAL_ORDER) != sorted(f for f in _TURN_FIELDS if f != "timings") or not all(
-        f < "turns" for f in _HASHED_FIELDS):
+_ORDER = [*_HEAD, *CANONICAL_ARRAYS[:3], "parent_id", "policy_version", "prompt_ids", *_TAIL, "turn_id", "valid"]
+if sorted(f for f in _TURN_FIELDS if f != "timings") != _ORDER or max(_HASHED_FIELDS) > "turns":
     raise ImportError("the canonical form above no longer covers the Turn/Episode fields; update it")
 
 
