@@ -47,7 +47,7 @@ _EPISODE_FIELDS = tuple(f.name for f in fields(Episode) if f.name != "turns")
 _EPISODE_KEYS = frozenset(_EPISODE_FIELDS) | {"turns"}
 
 
-@dataclass
+@dataclass(slots=True)
 class TurnRow:
     """One turn ready to store (see the module docstring)."""
 
@@ -108,8 +108,7 @@ def _turn_rows(ep: Episode, pack: bool) -> list[TurnRow]:
     for i, (t, c) in enumerate(zip(ep.turns, canon, strict=True)):
         tim = t.timings
         timings = "{}" if type(tim) is dict and not tim else _dumps(tim, _JSON, f"episode {ep.episode_id} turn {t.turn_id}")
-        row = TurnRow(seq=i, path_index=pos.get(t.turn_id), turn_id=t.turn_id, parent_id=t.parent_id,
-                      reward=float(t.reward), timings=timings, body=c.text())
+        row = TurnRow(i, pos.get(t.turn_id), t.turn_id, t.parent_id, float(t.reward), timings, c.text())
         if pack:
             p_oi, p_ol, p_om, p_pi = c.plain
             oi, ol = pack_exact(t.output_ids, "i", p_oi), pack_exact(t.output_logprobs, "d", p_ol)

@@ -25,6 +25,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from json.encoder import encode_basestring_ascii
+from operator import countOf
 from typing import Any, NamedTuple
 
 SCHEMA_VERSION = 1
@@ -134,7 +135,7 @@ class Turn:
         s = sum(self.output_logprobs)  # C loops below; a finite sum means every value is finite
         if s - s != 0 and not all(map(math.isfinite, self.output_logprobs)):
             raise SchemaError(f"turn {self.turn_id}: output_logprobs contains a non-finite value")
-        if not all(map(_MASK_VALUES.__contains__, self.output_mask)):
+        if countOf(self.output_mask, 0) + countOf(self.output_mask, 1) != len(self.output_mask):  # m in (0, 1)
             raise SchemaError(f"turn {self.turn_id}: output_mask values must be 0 or 1")
 
 
@@ -319,7 +320,6 @@ class Episode:
 # timings left out. Composing it field by field (sorted keys) gives the same bytes several times
 # faster and lets the store reuse the pieces.
 _CANON = json.JSONEncoder(separators=(",", ":"), allow_nan=False, sort_keys=True)
-_MASK_VALUES = (0, 1)  # a tuple: `in` compares with ==, as `m in (0, 1)` does, and takes any value
 _SCALARS = frozenset((str, int, float, bool, type(None)))
 HASH_EXCLUDED = frozenset({"episode_id", "created_at", "group_id", "iteration", "tags", "metadata"})
 """Episode fields that :meth:`Episode.content_hash` leaves out (ids, timestamps, grouping, labels)."""
@@ -404,7 +404,7 @@ def _json(v: Any) -> str:
 
 
 def _int_array(v: Any) -> tuple[str, bool]:
-    if type(v) is list and set(map(type, v)) <= {int}:
+    if type(v) is list and countOf(map(type, v), int) == len(v):  # exact types: no bools
         try:
             return "[" + ",".join(map(_ID_TEXT.__getitem__, v)) + "]", True
         except KeyError:  # an id outside the table (negative or large)
@@ -414,7 +414,7 @@ def _int_array(v: Any) -> tuple[str, bool]:
 
 def _float_array(v: Any) -> tuple[str, bool]:
     # a finite sum means every value is finite; otherwise the encoder decides (and raises on nan/inf)
-    if type(v) is list and set(map(type, v)) <= {float} and (s := sum(v)) - s == 0.0:
+    if type(v) is list and countOf(map(type, v), float) == len(v) and (s := sum(v)) - s == 0.0:
         return "[" + ",".join(map(float.__repr__, v)) + "]", True
     return _CANON.encode(_plain(v)), False
 
