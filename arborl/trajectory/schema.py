@@ -20,7 +20,6 @@ import copy
 import hashlib
 import json
 import math
-import operator
 import time
 import uuid
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
@@ -327,8 +326,6 @@ CANONICAL_ARRAYS = ("output_ids", "output_logprobs", "output_mask", "prompt_ids"
 """Token array fields of a turn in canonical (sorted-key) order: :attr:`CanonicalTurn.arrays`."""
 _HEAD = ("action", "action_text", "error", "index", "info", "media", "observation")
 _TAIL = ("result", "reward", "state_key", "terminated", "tool_call", "truncated")
-_HEAD_KEYS, _HEAD_GET = tuple(f'"{n}":' for n in _HEAD), operator.attrgetter(*_HEAD)
-_TAIL_KEYS, _TAIL_GET = tuple(f'"{n}":' for n in _TAIL), operator.attrgetter(*_TAIL)
 # Small ids are looked up, not formatted: int-to-text is the bulk of hashing a turn.
 _ID_TEXT = {i: str(i) for i in range(1 << 17)}
 
@@ -356,7 +353,7 @@ class CanonicalTurn(NamedTuple):
             return (f'{{{self.head},"output_ids":{oi},"output_logprobs":{ol},"output_mask":{om},{self.mid},'
                     f'"prompt_ids":{pi},{self.tail}}}')
         if keep == (False, False, False, False):
-            return f"{{{self.head},{self.mid},{self.tail}}}"
+            return f"{{{self.head},{self.mid},{self.tail}}}"  # all packed: the store's usual row
         oi, ol, om, pi = (f',"{n}":{a}' if k else "" for n, a, k in zip(CANONICAL_ARRAYS, self.arrays, keep,
                                                                        strict=True))
         return f"{{{self.head}{oi}{ol}{om},{self.mid}{pi},{self.tail}}}"
@@ -371,8 +368,6 @@ def _plain(v: Any) -> Any:
         return list(v) if _SCALARS.issuperset(map(type, v)) else [_plain(x) for x in v]
     if t is ToolCall:
         return {"name": v.name, "arguments": _plain(v.arguments), "call_id": v.call_id}
-    if t is MediaRef:
-        return {"url": v.url, "mime": v.mime, "sha256": v.sha256}
     if t is dict:
         return {k: _plain(x) for k, x in v.items()}
     if is_dataclass(v) and not isinstance(v, type):
@@ -393,8 +388,10 @@ def _json(v: Any) -> str:
         return int.__repr__(v)
     if t is float and math.isfinite(v):
         return float.__repr__(v)
-    if not v and (t is list or t is dict):
-        return "[]" if t is list else "{}"
+    if t is dict and len(v) < 8 and countOf(map(type, v), str) == len(v):  # small: sorted here, no encoder
+        return "{" + ",".join([f"{encode_basestring_ascii(k)}:{_json(v[k])}" for k in sorted(v)]) + "}"
+    if t is list and not v:
+        return "[]"
     if t is ToolCall:  # on most turns: its fields in sorted order, without building a dict
         return f'{{"arguments":{_json(v.arguments)},"call_id":{_json(v.call_id)},"name":{_json(v.name)}}}'
     try:  # plain JSON data encodes as is; _plain converts what asdict would (dataclasses inside)
@@ -423,20 +420,23 @@ def canonical_turns(ep: Episode) -> list[CanonicalTurn]:
     """The canonical pieces of every turn of ``ep``, in creation order.
 
     Raises:
-        ValueError: a value is a non-finite float. TypeError: a value is not JSON-able.
-        KeyError: a turn names a parent that does not precede it.
+        ValueError: a non-finite float. TypeError: a value is not JSON-able. KeyError: an unknown parent.
     """
     order = {t.turn_id: i for i, t in enumerate(ep.turns)}
     out = []
     for i, t in enumerate(ep.turns):
-        head = ",".join(map(str.__add__, _HEAD_KEYS, map(_json, _HEAD_GET(t))))
+        # the keys of _HEAD / _TAIL, spelled out: an f-string is ~2.5x faster than a join over them
+        head = (f'"action":{_json(t.action)},"action_text":{_json(t.action_text)},"error":{_json(t.error)},'
+                f'"index":{_json(t.index)},"info":{_json(t.info)},"media":{_json(t.media)},'
+                f'"observation":{_json(t.observation)}')
         (oi, oi_p), (ol, ol_p) = _int_array(t.output_ids), _float_array(t.output_logprobs)
         (om, om_p), (pi, pi_p) = _int_array(t.output_mask), _int_array(t.prompt_ids)
         parent = "null" if t.parent_id is None else str(order[t.parent_id])
         mid = f'"parent_id":{parent},"policy_version":{_json(t.policy_version)}'
-        tail = ",".join(map(str.__add__, _TAIL_KEYS, map(_json, _TAIL_GET(t))))
-        out.append(CanonicalTurn(head, (oi, ol, om, pi), mid, f'{tail},"turn_id":{i},"valid":{_json(t.valid)}',
-                                 (oi_p, ol_p, om_p, pi_p)))
+        tail = (f'"result":{_json(t.result)},"reward":{_json(t.reward)},"state_key":{_json(t.state_key)},'
+                f'"terminated":{_json(t.terminated)},"tool_call":{_json(t.tool_call)},'
+                f'"truncated":{_json(t.truncated)},"turn_id":{i},"valid":{_json(t.valid)}')
+        out.append(CanonicalTurn(head, (oi, ol, om, pi), mid, tail, (oi_p, ol_p, om_p, pi_p)))
     return out
 
 
