@@ -11,6 +11,8 @@ What is measured:
 * ingest: ``put_many`` of real :class:`Episode` objects (8 turns, batches of 500) into an empty
   SQLite file, into the SQLite file holding N episodes, and into PostgreSQL (a throwaway
   server started like the tests do); baseline: appending ``Episode.to_json()`` lines to a file.
+  ``--ingest-only`` stops after the empty-store rows and adds the SQLite rate per CPU-second
+  of this process (wall time on a shared machine mostly measures the other jobs).
 * scale fill (not a put_many measurement): N synthetic episodes are bulk-inserted straight into
   the SQLite layout (index rows, turn rows, unique content hashes) and written as JSONL, so a
   1M-episode store takes minutes, not hours. The time it takes is reported.

@@ -162,7 +162,8 @@ def gc_paused() -> Iterator[None]:
     A batch allocates tens of thousands of short-lived tuples and lists; every 700 allocations
     would start a collection that walks the tracked objects, and with many episodes alive in
     the caller that was a quarter of ingest time. Refcounting frees these objects; any cycle is
-    collected once the collector resumes.
+    collected once the collector resumes. The pause is process-wide (other threads' garbage waits
+    too) and lasts one batch; the collector is left as it was found (disabled stays disabled).
     """
     was_enabled = gc.isenabled()
     gc.disable()

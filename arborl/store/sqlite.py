@@ -18,6 +18,8 @@ processes can write at once (they take turns on the write lock; ``busy_timeout``
 writer killed with ``kill -9`` leaves the last committed state. With the default
 ``synchronous=NORMAL`` a *power loss* may drop the last transactions (never corrupt the file);
 pass ``?synchronous=full`` in the URL to make each returned ``put_many`` survive power loss too.
+The WAL is checkpointed into the database every 32 MiB (SQLite's default is 4 MiB, about one
+500-episode batch), which halves write time and does not change what a commit guarantees.
 """
 
 from __future__ import annotations
