@@ -143,8 +143,12 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=40, help="runs per measurement (latency and each throughput)")
     ap.add_argument("--cold-runs", type=int, default=10, help="runs of the docker cold path")
     ap.add_argument("--backends", nargs="*", help="backends to measure (default: every available one)")
-    ap.add_argument("--gap-ms", type=float, default=0.0,
-                    help="pause between the sequential latency calls (default 0: back to back)")
+    ap.add_argument(
+        "--gap-ms",
+        type=float,
+        default=0.0,
+        help="pause between the sequential latency calls (default 0: back to back)",
+    )
     args = ap.parse_args()
     print(f"load average at start: {os.getloadavg()[0]:.2f}; calls {args.gap_ms:g} ms apart")
     names = args.backends or Sandbox.available_backends()

@@ -170,7 +170,11 @@ class BwrapBackend:
             argv = [*self._argv_head, "--seccomp", str(bpf_fd), "--", common.SYSTEM_PYTHON, "-I", "-S", "-B",
                     "-c", common.launcher_source(), str(payload_fd), str(go_r)]  # fmt: skip
             proc, cg = common.spawn(
-                argv, limits=self.limits, backend=self.name, pass_fds=(payload_fd, bpf_fd, go_r), via_bwrap=True
+                argv,
+                limits=self.limits,
+                backend=self.name,
+                pass_fds=(payload_fd, bpf_fd, go_r),
+                via_bwrap=True,
             )
         except BaseException:
             os.close(payload_fd)
@@ -282,6 +286,10 @@ class _Spare:
     def stderr_tail(self) -> str:
         """What the sandbox wrote on stderr (after it exited), for error messages."""
         assert self.proc.stderr is not None
+        try:
+            self.proc.wait(timeout=2.0)  # a read before bwrap's own exit would block on the pipe
+        except subprocess.TimeoutExpired:
+            return "(the sandbox is still running)"
         with contextlib.suppress(OSError, ValueError):
             return self.proc.stderr.read(4096).decode(errors="replace").strip() or "(no output)"
         return "(unreadable)"
