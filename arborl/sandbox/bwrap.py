@@ -10,8 +10,8 @@ namespaces, mounts and seccomp filter, the process is in its own fresh cgroup as
 the interpreter waits on a pipe. A call takes one, writes its request into the sandbox's memfd,
 and a replacement starts in the background. Each sandbox still serves exactly one run, so the
 isolation is that of a sandbox started on demand; only the start-up (25-60 ms of a cold run on
-the loaded reference VM) leaves the caller's path. The interpreter's start-up CPU time (~10 ms) counts against
-RLIMIT_CPU, and an idle spare holds ~10 MB of memory.
+the loaded reference VM) leaves the caller's path. The interpreter's start-up CPU time (a few
+ms) counts against RLIMIT_CPU, and an idle spare holds ~12 MB of memory.
 
 What it isolates:
 
