@@ -62,6 +62,28 @@ def test_content_hash_is_the_canonical_json_of_the_asdict_form():
         assert ep.content_hash() == reference_hash(ep) == prepare(ep).row.content_hash, ep.episode_id
 
 
+json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False,
+                     allow_infinity=False), st.text(max_size=8))
+json_value = st.recursive(json_leaf, lambda kids: st.one_of(st.lists(kids, max_size=3),
+                                                            st.dictionaries(st.text(max_size=4), kids, max_size=10)),
+                          max_leaves=12)
+number = st.one_of(st.integers(-(2**40), 2**40), st.floats(allow_nan=False, allow_infinity=False), st.booleans())
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=st.text(max_size=12), info=st.dictionaries(st.text(max_size=5), json_value, max_size=10),
+       args=json_value, ids=st.lists(number, max_size=5), lps=st.lists(number, max_size=3),
+       scalars=st.tuples(st.one_of(st.none(), st.text(max_size=5)), number, number), parent=st.booleans())
+def test_content_hash_matches_the_definition_on_random_content(text, info, args, ids, lps, scalars, parent):
+    action, reward, index = scalars
+    t0 = Turn(turn_id="a", observation=text, info=info, prompt_ids=ids, action=action, reward=reward, index=index,
+              tool_call=ToolCall(name=text, arguments={"x": args}), output_ids=list(ids[:len(lps)]),
+              output_logprobs=lps, output_mask=[1] * len(lps), result=text, error=action)
+    t1 = Turn(turn_id="b", parent_id="a" if parent else None, output_mask=ids, info={"v": args})
+    ep = Episode(episode_id="e", task_id=text, rewards={text: None, "s": 0.5}, metadata={"m": args}, turns=[t0, t1])
+    assert ep.content_hash() == reference_hash(ep)
+
+
 def test_content_hash_values_are_those_of_earlier_releases():
     ep = make_episode(3, branch=True, n_turns=3)
     ep.turns[0].media = [MediaRef(url="file:///a.png", mime="image/png")]
