@@ -122,13 +122,11 @@ class Turn:
         if len(self.output_logprobs) != n:
             raise SchemaError(
                 f"turn {self.turn_id}: output_logprobs has {len(self.output_logprobs)} entries but "
-                f"output_ids has {n}; record one behaviour log-prob per generated token"
-            )
+                f"output_ids has {n}; record one behaviour log-prob per generated token")
         if len(self.output_mask) != n:
             raise SchemaError(
                 f"turn {self.turn_id}: output_mask has {len(self.output_mask)} entries but output_ids "
-                f"has {n}; record one mask value (0/1) per generated token"
-            )
+                f"has {n}; record one mask value (0/1) per generated token")
         if not math.isfinite(self.reward):
             raise SchemaError(f"turn {self.turn_id}: reward is {self.reward}; step rewards must be finite")
         s = sum(self.output_logprobs)  # C loops below; a finite sum means every value is finite
@@ -230,8 +228,7 @@ class Episode:
         if self.schema_version > SCHEMA_VERSION:
             raise SchemaError(
                 f"episode {self.episode_id}: schema_version {self.schema_version} is newer than this "
-                f"arborl understands ({SCHEMA_VERSION}); upgrade arborl to read it"
-            )
+                f"arborl understands ({SCHEMA_VERSION}); upgrade arborl to read it")
         if self.schema_version < 1:
             raise SchemaError(f"episode {self.episode_id}: schema_version {self.schema_version} is invalid")
         if not self.episode_id:
@@ -241,8 +238,7 @@ class Episode:
         for k, v in self.rewards.items():
             if v is not None and not math.isfinite(v):
                 raise SchemaError(
-                    f"episode {self.episode_id}: rewards[{k!r}] is {v}; use a finite number or None (not scored)"
-                )
+                    f"episode {self.episode_id}: rewards[{k!r}] is {v}; use a finite number or None (not scored)")
         seen: set[str] = set()
         for t in self.turns:
             if t.turn_id in seen:
@@ -281,8 +277,7 @@ class Episode:
         if not isinstance(version, int) or version > SCHEMA_VERSION:
             raise SchemaError(
                 f"episode record has schema_version {version!r}, newer than this arborl understands "
-                f"({SCHEMA_VERSION}); upgrade arborl to read it"
-            )
+                f"({SCHEMA_VERSION}); upgrade arborl to read it")
         _check_keys(d, cls, "episode")
         turns = []
         for i, td in enumerate(d.get("turns", [])):
@@ -326,8 +321,7 @@ CANONICAL_ARRAYS = ("output_ids", "output_logprobs", "output_mask", "prompt_ids"
 """Token array fields of a turn in canonical (sorted-key) order: :attr:`CanonicalTurn.arrays`."""
 _HEAD = ("action", "action_text", "error", "index", "info", "media", "observation")
 _TAIL = ("result", "reward", "state_key", "terminated", "tool_call", "truncated")
-# Small ids are looked up, not formatted: int-to-text is the bulk of hashing a turn.
-_ID_TEXT = {i: str(i) for i in range(1 << 17)}
+_ID_TEXT: dict[int, str] = {}  # ids below 2**17 (most vocabularies) -> text; filled on first use (~12 MB)
 
 
 class CanonicalTurn(NamedTuple):
@@ -400,10 +394,16 @@ def _json(v: Any) -> str:
         return _CANON.encode(_plain(v))
 
 
+def _fill_id_text() -> dict[int, str]:
+    _ID_TEXT.update((i, str(i)) for i in range(1 << 17))
+    return _ID_TEXT
+
+
 def _int_array(v: Any) -> tuple[str, bool]:
     if type(v) is list and countOf(map(type, v), int) == len(v):  # exact types: no bools
         try:
-            return "[" + ",".join(map(_ID_TEXT.__getitem__, v)) + "]", True
+            # looked up, not formatted: int-to-text is the bulk of hashing a turn
+            return "[" + ",".join(map((_ID_TEXT or _fill_id_text()).__getitem__, v)) + "]", True
         except KeyError:  # an id outside the table (negative or large)
             return "[" + ",".join(map(int.__repr__, v)) + "]", True
     return _CANON.encode(_plain(v)), False
