@@ -104,6 +104,9 @@ class RLConfig:
     group_size: int = 8
     """Rollouts per task (the GRPO group)."""
     lr: float = 3e-4
+    warmup_iters: int = 0
+    """Raise the learning rate linearly over the first N iterations: a fresh Adam state at the start of
+    RL otherwise takes sign-sized steps on every parameter, which knocks a small SFT model off its optimum."""
     ppo_epochs: int = 2
     """Passes over each iteration's batch."""
     minibatch_size: int = 32

@@ -133,6 +133,8 @@ def train_rl(
                 ref_logp = token_logprobs(ref, batch.input_ids, batch.attention_mask,
                                           temperature=cfg.rollout.sampling.logprob_temperature)
         # loss + update (on the episodes that carry signal)
+        for group in opt.param_groups:
+            group["lr"] = rc.lr * min(1.0, (it + 1) / rc.warmup_iters) if rc.warmup_iters else rc.lr
         rows = keep.nonzero()[:, 0]
         terms = _update(model, opt, cfg, batch.select(rows), adv[rows], None if ref_logp is None else ref_logp[rows], gen) if len(rows) else {}
         # metrics
