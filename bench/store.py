@@ -120,7 +120,7 @@ def bulk_fill(db_path: Path, jsonl_path: Path, n: int) -> float:
                                 f"g{i // 8}", "rl", i // 5000, i // 50_000, template.row.reward, int(i % 3 == 0),
                                 8, 8, "terminated", created, "[]", 1, json.dumps(m)))
                 turn_rows += [(((i + 1) << 20) | t.seq, t.path_index, t.turn_id, t.parent_id, t.reward, t.timings,
-                               t.packed[0], *t.packed[1]) for t in template.turns]
+                               t.body, *t.blobs) for t in template.turns]
                 lines.append(line_tpl.replace(template.row.episode_id, eid, 1)
                              .replace('"task_type":"search"', f'"task_type":"{tt}"', 1)
                              .replace(f'"created_at":{BASE_T}', f'"created_at":{created}', 1))

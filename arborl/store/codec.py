@@ -5,9 +5,10 @@ An episode is split into
 * its *meta*: every field except ``turns``, as JSON;
 * one :class:`TurnRow` per turn, in creation order: the turn's real ``turn_id``/``parent_id``,
   its position on the main path (``None`` off it), its step reward, its ``timings`` JSON, and
-  its *canonical body*: :func:`~arborl.trajectory.schema.canonical_turns`, the exact per-turn
-  text that :meth:`Episode.content_hash` hashes, so one encoding serves storage and dedup
-  (packed rows store the same text with the packed arrays left out);
+  its *canonical body*: the turn's JSON from :func:`~arborl.trajectory.schema.canonical_turns`,
+  the same pieces :meth:`Episode.content_hash` hashes, so one encoding serves storage and dedup.
+  Packed rows (SQLite) keep the token arrays as the canonical packed bytes the hash covers and
+  leave them out of the body;
 * its :class:`~arborl.store.base.IndexRow`.
 
 Validation happens here, before any backend writes, so a malformed episode fails the whole
@@ -29,8 +30,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from arborl.store.base import IndexRow, check_schema_version
-from arborl.store.packing import pack_exact
 from arborl.trajectory.schema import (
+    CanonicalTurn,
     Episode,
     MediaRef,
     SchemaError,
@@ -58,8 +59,10 @@ class TurnRow:
     reward: float
     timings: str
     body: str
-    packed: tuple[str, list[bytes | None]] | None = None
-    """With ``prepare(..., pack=True)``: (JSON without the packed arrays, packed arrays)."""
+    """The turn's canonical JSON; with ``prepare(..., pack=True)`` without the arrays in ``blobs``."""
+    blobs: list[bytes | None] | None = None
+    """With ``pack=True``: the packed arrays in :data:`~arborl.store.packing.ARRAY_FIELDS` order,
+    ``None`` for an array that stays in ``body`` (not exactly packable)."""
 
 
 @dataclass
@@ -98,34 +101,33 @@ def _dumps(obj: Any, enc: json.JSONEncoder, where: str) -> str:
         raise SchemaError(f"{where} is not JSON-able with finite numbers: {e}") from e
 
 
-def _turn_rows(ep: Episode, pack: bool) -> list[TurnRow]:
+def _canonical(ep: Episode) -> list[CanonicalTurn]:
     try:
-        canon = canonical_turns(ep)
+        return canonical_turns(ep)
     except (ValueError, TypeError) as e:
         raise SchemaError(f"episode {ep.episode_id} is not JSON-able with finite numbers: {e}") from e
+
+
+def _content_hash(ep: Episode, canon: list[CanonicalTurn]) -> str:
+    """:meth:`Episode.content_hash` from the turns' canonical pieces (already built for the rows)."""
+    try:
+        return hashlib.sha256(canonical_episode(ep, canon)).hexdigest()
+    except (ValueError, TypeError) as e:
+        raise SchemaError(f"episode {ep.episode_id} is not JSON-able with finite numbers: {e}") from e
+
+
+def _turn_rows(ep: Episode, canon: list[CanonicalTurn], pack: bool) -> list[TurnRow]:
     pos = {t.turn_id: i for i, t in enumerate(ep.path())}
     rows = []
     for i, (t, c) in enumerate(zip(ep.turns, canon, strict=True)):
         tim = t.timings
         timings = "{}" if type(tim) is dict and not tim else _dumps(tim, _JSON, f"episode {ep.episode_id} turn {t.turn_id}")
-        row = TurnRow(i, pos.get(t.turn_id), t.turn_id, t.parent_id, float(t.reward), timings, c.text())
-        if pack:
-            p_oi, p_ol, p_om, p_pi = c.plain
-            oi, ol = pack_exact(t.output_ids, "i", p_oi), pack_exact(t.output_logprobs, "d", p_ol)
-            om, pi = pack_exact(t.output_mask, "b", p_om), pack_exact(t.prompt_ids, "i", p_pi)
-            # blobs in packing.ARRAY_FIELDS order; the body keeps only the arrays that did not pack
-            row.packed = (c.text((oi is None, ol is None, om is None, pi is None)), [pi, oi, ol, om])
+        row = TurnRow(i, pos.get(t.turn_id), t.turn_id, t.parent_id, float(t.reward), timings, c.text(pack))
+        if pack:  # the canonical packed bytes are the stored columns; JSON-form arrays stay in body
+            oi, ol, om, pi = (a if type(a) is bytes else None for a in c.arrays)
+            row.blobs = [pi, oi, ol, om]
         rows.append(row)
     return rows
-
-
-def _content_hash(ep: Episode, turns: list[TurnRow]) -> str:
-    """:meth:`Episode.content_hash` from the turns' canonical bodies (already encoded)."""
-    try:
-        text = canonical_episode(ep, [t.body for t in turns])
-    except (ValueError, TypeError) as e:
-        raise SchemaError(f"episode {ep.episode_id} is not JSON-able with finite numbers: {e}") from e
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def prepare(item: Episode | dict[str, Any], pack: bool = False) -> Prepared:
@@ -142,14 +144,15 @@ def prepare(item: Episode | dict[str, Any], pack: bool = False) -> Prepared:
         raise SchemaError(f"put_many takes Episode objects or episode dicts, got {type(ep).__name__}")
     ep.validate()
     _check_index_fields(ep)
-    turns = _turn_rows(ep, pack)
+    canon = _canonical(ep)
+    turns = _turn_rows(ep, canon, pack)
     meta = _dumps({f: getattr(ep, f) for f in _EPISODE_FIELDS}, _JSON, f"episode {ep.episode_id}")
     path = [t for t in turns if t.path_index is not None]
     row = IndexRow(
         episode_id=ep.episode_id, task_id=ep.task_id, task_type=ep.task_type, group_id=ep.group_id,
         source=ep.source, iteration=ep.iteration, policy_version=ep.policy_version,
         reward=float(sum(t.reward for t in path)), success=ep.success, n_turns=len(path),
-        n_nodes=len(ep.turns), stop_reason=ep.stop_reason, content_hash=_content_hash(ep, turns),
+        n_nodes=len(ep.turns), stop_reason=ep.stop_reason, content_hash=_content_hash(ep, canon),
         created_at=float(ep.created_at), tags=list(ep.tags), schema_version=ep.schema_version,
     )
     return Prepared(ep, row, meta, turns)

@@ -96,8 +96,7 @@ _TURNS_OF = f"SELECT id >> 20, {_TURN_COLS} FROM turns WHERE id >= ? AND id < ? 
 
 def _packed(t: TurnRow) -> tuple[Any, ...]:
     """(body, prompt_ids, output_ids, output_logprobs, output_mask) column values of a turn."""
-    body, blobs = t.packed if t.packed is not None else (t.body, [None] * 4)
-    return (body, *blobs)
+    return (t.body, *(t.blobs or (None, None, None, None)))
 
 
 def _row(r: Sequence[Any]) -> IndexRow:

@@ -20,8 +20,11 @@ import copy
 import hashlib
 import json
 import math
+import struct
+import sys
 import time
 import uuid
+from array import array
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from json.encoder import encode_basestring_ascii
 from operator import countOf
@@ -298,59 +301,90 @@ class Episode:
         return cls.from_dict(json.loads(text))
 
     def content_hash(self) -> str:
-        """sha256 of the episode's content, independent of ids, timestamps and creation order.
+        """sha256 of the episode's content, independent of ids, timestamps and grouping.
 
-        Two episodes with the same task, same turns (tokens, actions, results, rewards) and the
-        same tree shape hash equal: the store uses this for deduplication. The hashed text is
-        :func:`canonical_episode` of :func:`canonical_turns`.
+        Two episodes with the same task, same turns (tokens, log-prob bits, masks, actions,
+        results, rewards) and the same tree shape hash equal, whatever their ``episode_id``,
+        turn ids, ``created_at``, ``group_id``, ``iteration``, ``tags``, ``metadata`` and turn
+        ``timings``: the store uses this for deduplication. Any other change (one token id, one
+        bit of one log-prob, one mask value, an action, a reward) changes the hash. The hashed
+        bytes are :func:`canonical_episode` of :func:`canonical_turns`.
         """
-        text = canonical_episode(self, [c.text() for c in canonical_turns(self)])
-        return hashlib.sha256(text.encode()).hexdigest()
+        return hashlib.sha256(canonical_episode(self, canonical_turns(self))).hexdigest()
 
 
 # --- canonical form (content hash) -----------------------------------------------------------
-# The canonical text is json.dumps(d, sort_keys=True, separators=(",", ":"), allow_nan=False) of
-# to_dict() without HASH_EXCLUDED, each turn's turn_id/parent_id as creation-order numbers and its
-# timings left out. Composing it field by field (sorted keys) gives the same bytes several times
-# faster and lets the store reuse the pieces.
+# canonical_episode() is a byte string of frames, each a tag byte, a little-endian uint64 length
+# and that many bytes, so it parses back unambiguously (equal bytes <=> equal content):
+#   b"arborl-content-v2\n"
+#   frame "e": the episode's hashed fields (to_dict() without HASH_EXCLUDED and turns) as JSON;
+#   per turn, in creation order:
+#     frame "t": the turn without timings and its four token arrays as JSON, with turn_id and
+#                parent_id replaced by creation-order numbers;
+#     per array, in CANONICAL_ARRAYS order, one frame: tag "i" (int32), "d" (float64) or "b"
+#                (int8) with the array packed little-endian when its JSON value is a list of
+#                values that fit that field's code exactly (ARRAY_CODES), otherwise tag "j" and
+#                the array's JSON text.
+# JSON here is json.dumps(v, sort_keys=True, separators=(",", ":"), allow_nan=False). Hashing
+# the arrays as bytes avoids formatting every token id and log-prob as text (most of the cost of
+# a JSON-only definition), and the store keeps the same bytes as its packed columns.
 _CANON = json.JSONEncoder(separators=(",", ":"), allow_nan=False, sort_keys=True)
 _SCALARS = frozenset((str, int, float, bool, type(None)))
 HASH_EXCLUDED = frozenset({"episode_id", "created_at", "group_id", "iteration", "tags", "metadata"})
 """Episode fields that :meth:`Episode.content_hash` leaves out (ids, timestamps, grouping, labels)."""
 CANONICAL_ARRAYS = ("output_ids", "output_logprobs", "output_mask", "prompt_ids")
 """Token array fields of a turn in canonical (sorted-key) order: :attr:`CanonicalTurn.arrays`."""
+ARRAY_CODES = ("i", "d", "b", "i")
+"""Packed code of each of :data:`CANONICAL_ARRAYS`: int32 ids, float64 log-probs, 0/1 mask bytes."""
+CONTENT_HASH_VERSION = b"arborl-content-v2\n"
+"""First bytes of :func:`canonical_episode`; a new definition gets a new version."""
 _HEAD = ("action", "action_text", "error", "index", "info", "media", "observation")
 _TAIL = ("result", "reward", "state_key", "terminated", "tool_call", "truncated")
-_ID_TEXT: dict[int, str] = {}  # ids below 2**17 (most vocabularies) -> text; filled on first use (~12 MB)
+_FRAME = struct.Struct("<cQ").pack
+_CODE_TAGS = tuple(c.encode() for c in ARRAY_CODES)
+_SWAP = sys.byteorder == "big"
+if array("i").itemsize != 4 or array("d").itemsize != 8:
+    raise ImportError("arborl's packed token arrays need a 4-byte C int and an 8-byte C double")
 
 
 class CanonicalTurn(NamedTuple):
-    """One turn's canonical JSON in pieces: ``{head,<arrays>,mid,<prompt_ids>,tail}``.
+    """One turn's canonical form in pieces: JSON ``{head,<arrays>,mid,<prompt_ids>,tail}``.
 
     Attributes:
         head: ``"action":...`` through ``"observation":...`` (keys before ``output_ids``).
-        arrays: JSON of ``output_ids``, ``output_logprobs``, ``output_mask``, ``prompt_ids``.
         mid: ``"parent_id":...,"policy_version":...`` (keys between ``output_mask`` and ``prompt_ids``).
         tail: ``"result":...`` through ``"valid":...`` (keys after ``prompt_ids``).
+        rest: ``{head,mid,tail}``: the turn's JSON without its four token arrays.
+        arrays: Per :data:`CANONICAL_ARRAYS`: packed bytes (see :func:`pack_array`) or JSON text.
+        record: The turn's frames of :func:`canonical_episode`.
     """
 
     head: str
-    arrays: tuple[str, str, str, str]
     mid: str
     tail: str
-    plain: tuple[bool, bool, bool, bool]  # per array: a list of plain ints (ids, mask) or finite plain floats
+    rest: str
+    arrays: tuple[bytes | str, bytes | str, bytes | str, bytes | str]
+    record: bytes
 
-    def text(self, keep: tuple[bool, bool, bool, bool] = (True, True, True, True)) -> str:
-        """The turn's canonical JSON object; with ``keep``, only the arrays whose flag is set."""
-        oi, ol, om, pi = self.arrays
-        if keep == (True, True, True, True):  # the common cases, without the generic join
-            return (f'{{{self.head},"output_ids":{oi},"output_logprobs":{ol},"output_mask":{om},{self.mid},'
-                    f'"prompt_ids":{pi},{self.tail}}}')
-        if keep == (False, False, False, False):
-            return f"{{{self.head},{self.mid},{self.tail}}}"  # all packed: the store's usual row
-        oi, ol, om, pi = (f',"{n}":{a}' if k else "" for n, a, k in zip(CANONICAL_ARRAYS, self.arrays, keep,
-                                                                       strict=True))
+    def text(self, packed: bool = False) -> str:
+        """The turn's canonical JSON; with ``packed``, the arrays held as bytes are left out."""
+        if packed and countOf(map(type, self.arrays), bytes) == 4:
+            return self.rest  # all packed: the store's usual row
+        oi, ol, om, pi = (
+            "" if packed and type(a) is bytes else f',"{n}":{array_json(a, c)}'
+            for n, a, c in zip(CANONICAL_ARRAYS, self.arrays, ARRAY_CODES, strict=True))
         return f"{{{self.head}{oi}{ol}{om},{self.mid}{pi},{self.tail}}}"
+
+
+def _record(rest: str, arrays: tuple[bytes | str, ...]) -> bytes:
+    """One turn's frames: "t" and its rest JSON, then each array with its code or "j" and JSON."""
+    r = rest.encode()
+    parts = [_FRAME(b"t", len(r)), r]
+    for a, code in zip(arrays, _CODE_TAGS, strict=True):
+        if type(a) is str:
+            a, code = a.encode(), b"j"
+        parts += (_FRAME(code, len(a)), a)
+    return b"".join(parts)
 
 
 def _plain(v: Any) -> Any:
@@ -394,26 +428,73 @@ def _json(v: Any) -> str:
         return _CANON.encode(_plain(v))
 
 
-def _fill_id_text() -> dict[int, str]:
-    _ID_TEXT.update((i, str(i)) for i in range(1 << 17))
-    return _ID_TEXT
+# Fast paths of pack_array: None unless the value is a list of exact-type values that fit.
+def _pack_ids(v: Any) -> bytes | None:
+    if type(v) is not list or countOf(map(type, v), int) != len(v):  # exact types: no bools
+        return None
+    try:
+        a = array("i", v)
+    except OverflowError:
+        return None
+    if _SWAP:
+        a.byteswap()
+    return a.tobytes()
 
 
-def _int_array(v: Any) -> tuple[str, bool]:
-    if type(v) is list and countOf(map(type, v), int) == len(v):  # exact types: no bools
-        try:
-            # looked up, not formatted: int-to-text is the bulk of hashing a turn
-            return "[" + ",".join(map((_ID_TEXT or _fill_id_text()).__getitem__, v)) + "]", True
-        except KeyError:  # an id outside the table (negative or large)
-            return "[" + ",".join(map(int.__repr__, v)) + "]", True
-    return _CANON.encode(_plain(v)), False
+def _pack_logprobs(v: Any) -> bytes | None:
+    # a finite sum means every value is finite (one C pass); else check each value
+    if type(v) is not list or countOf(map(type, v), float) != len(v):
+        return None
+    if (s := sum(v)) - s != 0.0 and not all(map(math.isfinite, v)):
+        return None
+    a = array("d", v)
+    if _SWAP:
+        a.byteswap()
+    return a.tobytes()
 
 
-def _float_array(v: Any) -> tuple[str, bool]:
-    # a finite sum means every value is finite; otherwise the encoder decides (and raises on nan/inf)
-    if type(v) is list and countOf(map(type, v), float) == len(v) and (s := sum(v)) - s == 0.0:
-        return "[" + ",".join(map(float.__repr__, v)) + "]", True
-    return _CANON.encode(_plain(v)), False
+def _pack_mask(v: Any) -> bytes | None:
+    if type(v) is not list or countOf(map(type, v), int) != len(v) or countOf(v, 1) + countOf(v, 0) != len(v):
+        return None
+    return bytes(v)
+
+
+_PACK = {"i": _pack_ids, "d": _pack_logprobs, "b": _pack_mask}
+
+
+def pack_array(values: Any, code: str) -> bytes | str:
+    """The canonical form of one token array: packed little-endian bytes, or its JSON text.
+
+    Packed (``code`` "i": int32, "d": float64, "b": 0/1 bytes) exactly when the array's JSON
+    value is a list of JSON integers that fit ("i", "b") or of JSON floats ("d"), so the choice
+    depends on the JSON value only (a tuple packs like a list; ``True`` is not ``1``; ``0`` is
+    not ``0.0``) and unpacking gives back that value.
+
+    Raises:
+        ValueError: a non-finite float. TypeError: a value is not JSON-able.
+    """
+    packed = _PACK[code](values)
+    if packed is not None:
+        return packed
+    text = _CANON.encode(_plain(values))
+    packed = _PACK[code](json.loads(text))  # tuples, int/float subclasses: as their JSON value
+    return text if packed is None else packed
+
+
+def unpack_array(data: bytes, code: str) -> list[Any]:
+    """Inverse of :func:`pack_array` for packed bytes."""
+    if code == "b":
+        return list(data)
+    a = array(code)
+    a.frombytes(data)
+    if _SWAP:
+        a.byteswap()
+    return a.tolist()
+
+
+def array_json(a: bytes | str, code: str) -> str:
+    """JSON text of an array in :func:`pack_array` form."""
+    return a if type(a) is str else _CANON.encode(unpack_array(a, code))
 
 
 def canonical_turns(ep: Episode) -> list[CanonicalTurn]:
@@ -429,22 +510,27 @@ def canonical_turns(ep: Episode) -> list[CanonicalTurn]:
         head = (f'"action":{_json(t.action)},"action_text":{_json(t.action_text)},"error":{_json(t.error)},'
                 f'"index":{_json(t.index)},"info":{_json(t.info)},"media":{_json(t.media)},'
                 f'"observation":{_json(t.observation)}')
-        (oi, oi_p), (ol, ol_p) = _int_array(t.output_ids), _float_array(t.output_logprobs)
-        (om, om_p), (pi, pi_p) = _int_array(t.output_mask), _int_array(t.prompt_ids)
         parent = "null" if t.parent_id is None else str(order[t.parent_id])
         mid = f'"parent_id":{parent},"policy_version":{_json(t.policy_version)}'
         tail = (f'"result":{_json(t.result)},"reward":{_json(t.reward)},"state_key":{_json(t.state_key)},'
                 f'"terminated":{_json(t.terminated)},"tool_call":{_json(t.tool_call)},'
                 f'"truncated":{_json(t.truncated)},"turn_id":{i},"valid":{_json(t.valid)}')
-        out.append(CanonicalTurn(head, (oi, ol, om, pi), mid, tail, (oi_p, ol_p, om_p, pi_p)))
+        arrays = (_pack_ids(t.output_ids), _pack_logprobs(t.output_logprobs), _pack_mask(t.output_mask),
+                  _pack_ids(t.prompt_ids))
+        if None in arrays:  # not a plain list of exact values: the general rule decides
+            arrays = (pack_array(t.output_ids, "i"), pack_array(t.output_logprobs, "d"),
+                      pack_array(t.output_mask, "b"), pack_array(t.prompt_ids, "i"))
+        rest = f"{{{head},{mid},{tail}}}"
+        out.append(CanonicalTurn(head, mid, tail, rest, arrays, _record(rest, arrays)))
     return out
 
 
-def canonical_episode(ep: Episode, turn_texts: list[str]) -> str:
-    """The canonical text :meth:`Episode.content_hash` hashes, from the turns' canonical texts."""
-    head = _CANON.encode({f: _plain(getattr(ep, f)) for f in _HASHED_FIELDS})
-    # "turns" sorts after every hashed field (checked at import), so it goes last
-    return f'{head[:-1]},"turns":[{",".join(turn_texts)}]}}'
+def canonical_episode(ep: Episode, turns: list[CanonicalTurn]) -> bytes:
+    """The bytes :meth:`Episode.content_hash` hashes, from the turns' canonical pieces."""
+    head = _CANON.encode({f: _plain(getattr(ep, f)) for f in _HASHED_FIELDS}).encode()
+    parts = [CONTENT_HASH_VERSION, _FRAME(b"e", len(head)), head]
+    parts += [c.record for c in turns]
+    return b"".join(parts)
 
 
 def _check_keys(d: dict[str, Any], cls: type, where: str) -> None:
@@ -461,7 +547,7 @@ _TURN_FIELDS = tuple(f.name for f in fields(Turn))
 _EPISODE_SCALARS = tuple(f.name for f in fields(Episode) if f.name != "turns")
 _HASHED_FIELDS = tuple(f for f in _EPISODE_SCALARS if f not in HASH_EXCLUDED)
 _ORDER = [*_HEAD, *CANONICAL_ARRAYS[:3], "parent_id", "policy_version", "prompt_ids", *_TAIL, "turn_id", "valid"]
-if sorted(f for f in _TURN_FIELDS if f != "timings") != _ORDER or max(_HASHED_FIELDS) > "turns":
+if sorted(f for f in _TURN_FIELDS if f != "timings") != _ORDER:
     raise ImportError("the canonical form above no longer covers the Turn/Episode fields; update it")
 
 

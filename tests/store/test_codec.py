@@ -1,7 +1,8 @@
 """The store's codec and the canonical form it shares with Episode.content_hash: hashes equal the
-definition (sorted-key JSON of the asdict form, ids renumbered) and the values of earlier
-releases, to_dict equals asdict without sharing lists, and packed token arrays read back exactly
-(equal values, equal types, equal hash) or are not packed at all."""
+definition (computed here the slow way, independently: asdict form, ids renumbered, token arrays
+packed with struct when their JSON value fits exactly), the pinned values, and change with every
+content field but not with ids or timestamps; to_dict equals asdict without sharing lists, and
+packed token arrays read back exactly (equal values, equal types, equal hash) or are not packed."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import gc
 import hashlib
 import json
 import math
+import struct
 
 import pytest
 from hypothesis import given, settings
@@ -22,16 +24,40 @@ from arborl.store.packing import pack_arrays, unpack_into
 from arborl.trajectory.schema import CANONICAL_ARRAYS, Episode, MediaRef, ToolCall, Turn, canonical_turns
 
 
+def _frame(tag: str, payload: bytes) -> bytes:
+    return tag.encode() + struct.pack("<Q", len(payload)) + payload
+
+
+def _array_frame(name: str, values: object) -> bytes:
+    text = json.dumps(values, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    v = json.loads(text)
+    if isinstance(v, list):
+        n = len(v)
+        if name == "output_logprobs" and all(type(x) is float for x in v):
+            return _frame("d", struct.pack(f"<{n}d", *v))
+        if name == "output_mask" and all(type(x) is int and x in (0, 1) for x in v):
+            return _frame("b", struct.pack(f"<{n}b", *v))
+        if name.endswith("_ids") and all(type(x) is int and -(2**31) <= x < 2**31 for x in v):
+            return _frame("i", struct.pack(f"<{n}i", *v))
+    return _frame("j", text.encode())
+
+
 def reference_hash(ep: Episode) -> str:
-    """The content hash by its definition, the slow way (the form earlier releases hashed)."""
+    """The content hash by its definition (schema.py, canonical form), the slow way."""
     d = dataclasses.asdict(ep)
     order = {t["turn_id"]: i for i, t in enumerate(d["turns"])}
-    for t in d["turns"]:
-        t["turn_id"], t["parent_id"] = order[t["turn_id"]], None if t["parent_id"] is None else order[t["parent_id"]]
-        del t["timings"]
     for k in ("episode_id", "created_at", "group_id", "iteration", "tags", "metadata"):
         del d[k]
-    return hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()).hexdigest()
+    turns = d.pop("turns")
+    out = b"arborl-content-v2\n" + _frame("e", json.dumps(d, sort_keys=True, separators=(",", ":"),
+                                                           allow_nan=False).encode())
+    for t in turns:
+        t["turn_id"], t["parent_id"] = order[t["turn_id"]], None if t["parent_id"] is None else order[t["parent_id"]]
+        del t["timings"]
+        arrays = {name: t.pop(name) for name in CANONICAL_ARRAYS}
+        out += _frame("t", json.dumps(t, sort_keys=True, separators=(",", ":"), allow_nan=False).encode())
+        out += b"".join(_array_frame(name, arrays[name]) for name in CANONICAL_ARRAYS)
+    return hashlib.sha256(out).hexdigest()
 
 
 @dataclasses.dataclass
@@ -57,7 +83,7 @@ def odd_episodes() -> list[Episode]:
     return [*eps, Episode(episode_id="empty", task_type="x")]
 
 
-def test_content_hash_is_the_canonical_json_of_the_asdict_form():
+def test_content_hash_is_its_definition():
     for ep in odd_episodes():
         assert ep.content_hash() == reference_hash(ep) == prepare(ep).row.content_hash, ep.episode_id
 
@@ -84,12 +110,76 @@ def test_content_hash_matches_the_definition_on_random_content(text, info, args,
     assert ep.content_hash() == reference_hash(ep)
 
 
-def test_content_hash_values_are_those_of_earlier_releases():
+def test_content_hash_values_are_pinned():
+    # values of the v2 definition; a change here is a new definition (bump CONTENT_HASH_VERSION)
     ep = make_episode(3, branch=True, n_turns=3)
     ep.turns[0].media = [MediaRef(url="file:///a.png", mime="image/png")]
     ep.turns[1].info = {"b": [1, 2.5, None], "a": "é"}
-    assert ep.content_hash() == "07f6e1a4aa54f05c9dbe079125e50f9e86d506df793e65ae2a32a99765574717"
-    assert make_episode(0).content_hash() == "479c269ea081e42fe312377ae47f0550c22247e8d58554d1391e9d652b42b341"
+    assert ep.content_hash() == "d2f00a0c21a692fcfa745f6ccf08f4d1eb797fb21d6f2a2c2a74999d62e9be59"
+    assert make_episode(0).content_hash() == "90c0b4ee67d185e696665d43e779dc85af3f21f5c59b8feaa1080d7e3607cb0c"
+
+
+def _variants(ep: Episode) -> list[tuple[str, Episode]]:
+    """One changed content field (or one bit of one value) per copy of ``ep``."""
+    out = []
+
+    def change(name: str, fn: object) -> None:
+        e = Episode.from_dict(ep.to_dict())
+        fn(e)  # type: ignore[operator]
+        out.append((name, e))
+
+    lp = ep.turns[-1].output_logprobs[0]
+    flipped = struct.unpack("<d", struct.pack("<Q", struct.unpack("<Q", struct.pack("<d", lp))[0] ^ 1))[0]
+    change("logprob bit", lambda e: e.turns[-1].output_logprobs.__setitem__(0, flipped))
+    change("logprob -0.0", lambda e: e.turns[0].output_logprobs.__setitem__(0, -0.0))
+    change("output id", lambda e: e.turns[0].output_ids.__setitem__(0, e.turns[0].output_ids[0] + 1))
+    change("prompt id", lambda e: e.turns[-1].prompt_ids.__setitem__(-1, 8))
+    change("prompt id appended", lambda e: e.turns[-1].prompt_ids.append(0))
+    change("ids moved between arrays", lambda e: (e.turns[0].prompt_ids.append(e.turns[0].output_ids[0]),
+                                                  e.turns[0].output_ids.pop(0), e.turns[0].output_logprobs.pop(0),
+                                                  e.turns[0].output_mask.pop(0)))
+    change("mask value", lambda e: e.turns[0].output_mask.__setitem__(0, 1 - e.turns[0].output_mask[0]))
+    change("mask bool", lambda e: e.turns[0].output_mask.__setitem__(0, bool(e.turns[0].output_mask[0])))
+    change("int logprob", lambda e: e.turns[0].output_logprobs.__setitem__(0, 0))
+    change("action", lambda e: setattr(e.turns[0], "action", "other"))
+    change("action_text", lambda e: setattr(e.turns[-1], "action_text", e.turns[-1].action_text + " "))
+    change("observation", lambda e: setattr(e.turns[0], "observation", "x"))
+    change("result", lambda e: setattr(e.turns[0], "result", ""))
+    change("step reward", lambda e: setattr(e.turns[-1], "reward", e.turns[-1].reward + 1e-12))
+    change("terminated", lambda e: setattr(e.turns[-1], "terminated", not e.turns[-1].terminated))
+    change("valid", lambda e: setattr(e.turns[0], "valid", not e.turns[0].valid))
+    change("info", lambda e: setattr(e.turns[0], "info", {"k": 1}))
+    change("tool_call", lambda e: setattr(e.turns[0], "tool_call", ToolCall(name="f")))
+    change("policy_version of a turn", lambda e: setattr(e.turns[0], "policy_version", 9))
+    change("tree shape", lambda e: setattr(e.turns[-1], "parent_id", None))
+    change("episode reward", lambda e: e.rewards.__setitem__("success", 0.25))
+    change("task_id", lambda e: setattr(e, "task_id", "other"))
+    change("seed", lambda e: setattr(e, "seed", 12345))
+    change("stop_reason", lambda e: setattr(e, "stop_reason", "error"))
+    change("one turn more", lambda e: e.add_turn(Turn(turn_id="new", parent_id=e.turns[-1].turn_id)))
+    return out
+
+
+def test_any_changed_content_changes_the_hash():
+    for ep in (make_episode(1), make_episode(4, branch=True)):
+        hashes = {"original": ep.content_hash()}
+        for name, e in _variants(ep):
+            assert e.content_hash() == reference_hash(e) == prepare(e).row.content_hash, name
+            hashes[name] = e.content_hash()
+        assert len(set(hashes.values())) == len(hashes), hashes
+
+
+def test_equal_content_hashes_equal_whatever_the_ids_and_timestamps():
+    ep = make_episode(5, branch=True)
+    other = Episode.from_dict(ep.to_dict())
+    other.episode_id, other.created_at, other.group_id, other.iteration = "other", 1.0, "g9", 77
+    other.tags, other.metadata = ["x"], {"run": 3}
+    renamed = {t.turn_id: f"renamed-{i}" for i, t in enumerate(other.turns)}
+    for t in other.turns:
+        t.turn_id, t.parent_id = renamed[t.turn_id], None if t.parent_id is None else renamed[t.parent_id]
+        t.timings = {"generate": 0.5}
+    other.turns[0].prompt_ids = tuple(other.turns[0].prompt_ids)  # same JSON value: a tuple packs like a list
+    assert other.content_hash() == ep.content_hash() == prepare(other, pack=True).row.content_hash
 
 
 def test_content_hash_refuses_non_finite_numbers_like_json():
@@ -100,15 +190,16 @@ def test_content_hash_refuses_non_finite_numbers_like_json():
             ep.content_hash()
 
 
-def test_canonical_text_without_some_arrays_is_the_canonical_dict_without_them():
-    ep = make_episode(2)
-    for c in canonical_turns(ep):
-        full = json.loads(c.text())
-        assert list(full) == sorted(full) and json.dumps(full, sort_keys=True, separators=(",", ":")) == c.text()
-        keep = (True, False, True, False)
-        part = json.loads(c.text(keep))
-        assert part == {k: v for k, v in full.items() if k not in ("output_logprobs", "prompt_ids")}
-        assert json.loads(c.text((False,) * 4)).keys() == full.keys() - set(CANONICAL_ARRAYS)
+def test_canonical_text_is_the_sorted_json_and_packed_text_leaves_out_the_packed_arrays():
+    for ep in odd_episodes():
+        for c, t in zip(canonical_turns(ep), ep.turns, strict=True):
+            full = json.loads(c.text())
+            assert list(full) == sorted(full) and json.dumps(full, sort_keys=True, separators=(",", ":")) == c.text()
+            assert all(full[n] == list(getattr(t, n)) for n in CANONICAL_ARRAYS)
+            packed = json.loads(c.text(packed=True))
+            left_out = {n for n, a in zip(CANONICAL_ARRAYS, c.arrays, strict=True) if isinstance(a, bytes)}
+            assert packed == {k: v for k, v in full.items() if k not in left_out}
+            assert json.loads(c.rest) == {k: v for k, v in full.items() if k not in CANONICAL_ARRAYS}
 
 
 def test_to_dict_equals_asdict_and_shares_no_mutable_value():
