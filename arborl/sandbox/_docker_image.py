@@ -203,9 +203,9 @@ _boot()
 # The per-run runner (uid 65534, inside the container). Protocol: stdin = 8-byte header length,
 # JSON header, the files' bytes back to back, then the snippet's stdin. stdout = frames of
 # 1-byte kind ("o"ut, "e"rr, "x" = final JSON status) + 4-byte length + data.
-# It makes itself undumpable before any snippet exists: the snippet shares its uid, so it could
-# otherwise ptrace it (Docker's default seccomp allows ptrace), skip the final kill(-1) and leave
-# a process behind that watches the next run.
+# It makes itself undumpable before any snippet exists: the snippet shares its uid, so without
+# that it could read the runner's memory through /proc, or ptrace it if the seccomp profile ever
+# let ptrace through, skip the final kill(-1) and leave a process behind that watches the next run.
 RUNNER = r"""
 import ctypes
 ctypes.CDLL(None).prctl(4, 0)  # PR_SET_DUMPABLE 0: the snippet (same uid) cannot ptrace or read us

@@ -2,8 +2,11 @@
 
 What it isolates. Each container runs with ``--network none`` (no interface but loopback), a
 read-only root made only of a Python interpreter and its stdlib (no shell, no host files, no
-host environment), ``--cap-drop ALL``, ``no-new-privileges``, Docker's default seccomp profile,
-uid/gid 65534, a cgroup memory limit (swap off), a pids limit, ``--ipc none`` (so no
+host environment), ``--cap-drop ALL``, ``no-new-privileges``, the seccomp filter of the other backends
+(:func:`arborl.sandbox.seccomp.docker_profile`: ``ptrace``, ``mount``, ``bpf``, ``keyctl``,
+``unshare``, ``CLONE_NEWUSER``, ``ioctl(TIOCSTI)`` with the masked 32-bit compare, ``AF_INET6``
+sockets always and ``AF_INET`` unless a proxy is configured, ...; blocked calls fail with
+``EPERM``) in place of Docker's default profile, uid/gid 65534, a cgroup memory limit (swap off), a pids limit, ``--ipc none`` (so no
 ``/dev/shm``) and one writable place: a size-capped ``noexec`` tmpfs at ``/scratch``. The
 container's own pid namespace means everything the snippet starts can be found and killed.
 
@@ -24,10 +27,10 @@ checked empty, and nothing else is writable. Memory the snippet used is freed wi
 
 What it does NOT isolate: the kernel is shared (a kernel exploit escapes; use a microVM for that,
 see ``microvm.md``); runc is the boundary (Debian's 1.1.5+ds1-1+deb12u1 carries the
-CVE-2024-21626 fix); CPU time is shared with the host beyond ``--cpus``; Docker's default seccomp
-profile allows ``ptrace`` among the snippet's own processes (the runner is made undumpable, so
-it cannot be traced or read) and does not filter ``ioctl(TIOCSTI)`` (no tty is attached, so
-there is nothing to inject into). A snippet can signal its own runner (same uid): that only
+CVE-2024-21626 fix); CPU time is shared with the host beyond ``--cpus``; the seccomp filter is a
+deny list on top of Docker's isolation, not an allow list (Docker's default profile, an allow
+list, is replaced by it: the syscalls only that profile refuses, such as ``reboot`` or
+``init_module``, are left to ``--cap-drop ALL``, user 65534 and the namespaces). A snippet can signal its own runner (same uid): that only
 ends its own run (timed out, or an error result) and the container is replaced.
 
 The image is built locally (no registry needed) by :func:`ensure_image` from the host's own
@@ -45,6 +48,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -52,6 +56,7 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar
 
+from arborl.sandbox import seccomp
 from arborl.sandbox._docker_image import BOOT, REAPER, RUNNER, ensure_image
 from arborl.sandbox.base import ExecResult, Limits, SandboxError
 from arborl.sandbox.common import PROXY_SOCKET_IN_SANDBOX, check_proxy_socket, relay_source, validate_files
@@ -123,6 +128,11 @@ class DockerBackend:
         self._host = docker_host
         self._proxy = proxy_socket
         self._image = image or ensure_image(docker_host=docker_host)
+        self._seccomp_path = _write_profile(allow_inet=proxy_socket is not None)
+        # The CLI reads the profile file at every ``docker run``: keep it until close / collection.
+        self._profile_finalizer = weakref.finalize(
+            self, shutil.rmtree, os.path.dirname(self._seccomp_path), ignore_errors=True
+        )
         self._owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._idle: queue.Queue[str] = queue.Queue()
         self._live: set[str] = set()
@@ -157,7 +167,8 @@ class DockerBackend:
         args = [
             "--label", f"{LABEL}=1", "--label", f"{LABEL}.owner={self._owner}",
             "--network", "none", "--read-only", "--cap-drop", "ALL",
-            "--security-opt", "no-new-privileges", "--ipc", "none",
+            "--security-opt", "no-new-privileges", "--security-opt", f"seccomp={self._seccomp_path}",
+            "--ipc", "none",
             "--memory", f"{mem}m", "--memory-swap", f"{mem}m", "--pids-limit", str(lim.pids + 2),
             "--cpus", "1", "--ulimit", "core=0", "--ulimit", "nofile=1024:1024",
             "--user", "65534:65534", "--workdir", "/scratch", "--hostname", "sandbox",
@@ -338,6 +349,7 @@ class DockerBackend:
         if names:
             _docker("rm", "-f", *names, host=self._host)
         self._finalizer()  # remove_leftovers for this owner, once
+        self._profile_finalizer()
         with self._lock:
             self._live.clear()
 
@@ -346,6 +358,15 @@ class DockerBackend:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _write_profile(*, allow_inet: bool) -> str:
+    """Write the seccomp profile into a fresh private directory; return the file's path."""
+    # A private mkdtemp directory (mode 0700): nobody else can swap the file between runs.
+    path = os.path.join(tempfile.mkdtemp(prefix="arborl-seccomp-"), "profile.json")
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(seccomp.docker_profile(allow_inet=allow_inet), fh)
+    return path
 
 
 def _read_capped(stream: object, buf: bytearray, cap: int) -> None:

@@ -34,23 +34,6 @@ def require(sb: Sandbox, prop: str) -> None:
         pytest.skip(f"backend {sb.backend_name!r} documents that it does not isolate {prop!r}")
 
 
-# Weaknesses of a backend without a ``guarantees`` attribute, found by these probes and reported
-# to its owner; the probe xfails with the reason instead of hiding the finding.
-KNOWN_GAPS: dict[str, dict[str, str]] = {
-    "docker": {
-        "ptrace": "Docker's default seccomp profile allows ptrace on kernels >= 4.8",
-        "tiocsti": "Docker's default seccomp profile does not filter ioctl(TIOCSTI) (no tty is attached)",
-    },
-}
-
-
-def known_gap(sb: Sandbox, what: str) -> None:
-    """xfail the probe if ``what`` is a recorded gap of this backend (otherwise return)."""
-    reason = KNOWN_GAPS.get(sb.backend_name, {}).get(what)
-    if reason is not None:
-        pytest.xfail(f"known gap of {sb.backend_name!r}: {reason}")
-
-
 def run_ok(sb: Sandbox, code: str, **kw: object) -> str:
     """Run ``code``; assert the snippet itself succeeded; return its stdout."""
     res = sb.run_python(code, **kw)  # type: ignore[arg-type]

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 from backendkit import SITE_BUILTINS, FakeProxy, docker_cli
 
+from arborl.sandbox import seccomp
 from arborl.sandbox._docker_image import ensure_image
 from arborl.sandbox.base import Limits, SandboxError
 from arborl.sandbox.docker import DockerBackend
@@ -73,7 +74,9 @@ print(json.dumps(res))
     assert (res["uid"], res["gid"]) == (65534, 65534)
     assert res["ifaces"] == ["lo"]
     assert res["write_root"] == 30  # EROFS
-    assert res["tcp"] == 101  # ENETUNREACH: no route at all
+    # EPERM: the seccomp profile refuses AF_INET without a proxy. That --network none leaves no
+    # route either (ENETUNREACH) is checked where AF_INET is allowed: the proxy test.
+    assert res["tcp"] == 1
     assert res["capeff"] == "0000000000000000"
     assert res["nnp"] == "1"
     assert res["env"] == ["HOME", "LANG", "PATH", "TMPDIR"]  # nothing from the host
@@ -185,8 +188,12 @@ def test_concurrent_runs_from_threads(backend: DockerBackend) -> None:
 
 def test_cold_path_and_close_leave_no_container(docker_host: str) -> None:
     b = DockerBackend(LIMITS, docker_host=docker_host, warm=False)
-    r = b.run_python("import os; print(os.getuid())")
-    assert (r.stdout, r.exit_code) == ("65534\n", 0)
+    # The cold path gets the same seccomp profile: PTRACE_TRACEME (0) fails with EPERM (1).
+    r = b.run_python(
+        "import ctypes, os; libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(os.getuid(), libc.ptrace(0, 0, 0, 0), ctypes.get_errno())"
+    )
+    assert (r.stdout, r.exit_code) == ("65534 -1 1\n", 0)
     assert owned(docker_host, b) == []  # --rm
     warm = DockerBackend(LIMITS, docker_host=docker_host, pool_size=2)
     assert len(owned(docker_host, warm)) == 2
@@ -211,6 +218,11 @@ try:
     res["direct"] = "connected"
 except OSError as e:
     res["direct"] = e.errno
+try:
+    socket.socket(socket.AF_INET6)
+    res["inet6"] = "created"
+except OSError as e:
+    res["inet6"] = e.errno
 print(json.dumps(res))
 """
     with DockerBackend(LIMITS, docker_host=docker_host, pool_size=1, proxy_socket=fake_proxy.path) as b:
@@ -220,7 +232,8 @@ print(json.dumps(res))
     assert res["env"] == "http://127.0.0.1:3128"
     assert res["body"] == "proxied: GET http://example.invalid/probe?x=1 HTTP/1.1"
     assert fake_proxy.requests == ["GET http://example.invalid/probe?x=1 HTTP/1.1"]
-    assert res["direct"] == 101  # ENETUNREACH
+    assert res["direct"] == 101  # ENETUNREACH: the profile lets AF_INET through for the relay
+    assert res["inet6"] == 1  # EPERM: the profile refuses AF_INET6 even with a proxy
 
 
 def test_a_dead_pool_container_is_replaced_without_failing_the_run(docker_host: str) -> None:
@@ -301,3 +314,38 @@ def test_files_larger_than_the_scratch_are_an_error(backend: DockerBackend) -> N
 def test_site_builtins_exit_quit_help(backend: DockerBackend) -> None:
     first, second = (backend.run_python(code) for code in SITE_BUILTINS)
     assert (first.stdout, first.exit_code, second.exit_code) == ("True\n", 3, 4)
+
+
+def test_profile_is_the_seccomp_rule_list() -> None:
+    for allow_inet in (False, True):
+        prof = seccomp.docker_profile(allow_inet=allow_inet)
+        assert prof["defaultAction"] == "SCMP_ACT_ALLOW" and "architectures" not in prof
+        got = [(e["names"], e["errnoRet"], e.get("args")) for e in prof["syscalls"]]
+        assert len(got) == len(seccomp.rules(allow_inet=allow_inet))
+        assert all(e["action"] == "SCMP_ACT_ERRNO" for e in prof["syscalls"])
+        assert (["ptrace"], 1, None) in got and (["clone3"], 38, None) in got  # EPERM, ENOSYS
+        # libseccomp order for MASKED_EQ: value = mask, valueTwo = datum (TIOCSTI = 0x5412 = 21522).
+        tiocsti = [{"index": 1, "value": 0xFFFFFFFF, "valueTwo": 21522, "op": "SCMP_CMP_MASKED_EQ"}]
+        assert (["ioctl"], 1, tiocsti) in got
+        families = [a[0]["value"] for n, _, a in got if n == ["socket"]]
+        assert families == ([10] if allow_inet else [2, 10])  # AF_INET6 always, AF_INET without proxy
+
+
+def test_foreign_arch_syscall_kills_and_profile_file_goes_with_close(docker_host: str) -> None:
+    # i386 ``int 0x80`` ptrace(TRACEME) from x86_64: not in the native-only filter, so SIGSYS (31).
+    code = """
+import ctypes, mmap
+m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+m.write(bytes([0x53, 0xB8, 26, 0, 0, 0, 0xBB, 0, 0, 0, 0, 0xCD, 0x80, 0x5B, 0xC3]))
+print("returned", ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(m)))())
+"""
+    if os.uname().machine != "x86_64":
+        pytest.skip("the probe is x86_64 machine code")
+    b = DockerBackend(LIMITS, docker_host=docker_host, pool_size=1)
+    path = b._seccomp_path
+    with open(path, encoding="utf-8") as fh:
+        assert json.load(fh) == seccomp.docker_profile(allow_inet=False)
+    r = b.run_python(code)
+    b.close()
+    assert (r.exit_code, r.stdout) == (-31, ""), r
+    assert not os.path.exists(path)
