@@ -36,7 +36,8 @@ def train_sft(
 ) -> tuple[Path, dict[str, float]]:
     """Run SFT; returns the checkpoint dir and the demonstration statistics."""
     out = policy_dir(cfg, "sft")
-    demos = list(store.iter_episodes(source="synth"))
+    # A stable order independent of ids and timestamps, so a rerun of the same config trains identically.
+    demos = sorted(store.iter_episodes(source="synth"), key=lambda e: (e.task_id, e.content_hash()))
     if not demos:
         raise RuntimeError(f"no synth episodes in {cfg.store_url}; run the synth stage first (arborl synth CONFIG)")
     model, tok = load_policy(init_path)
