@@ -27,6 +27,7 @@ import math
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
+from operator import countOf
 from typing import Any
 
 from arborl.store.base import IndexRow, check_schema_version
@@ -124,8 +125,10 @@ def _turn_rows(ep: Episode, canon: list[CanonicalTurn], pack: bool) -> list[Turn
         timings = "{}" if type(tim) is dict and not tim else _dumps(tim, _JSON, f"episode {ep.episode_id} turn {t.turn_id}")
         row = TurnRow(i, pos.get(t.turn_id), t.turn_id, t.parent_id, float(t.reward), timings, c.text(pack))
         if pack:  # the canonical packed bytes are the stored columns; JSON-form arrays stay in body
-            oi, ol, om, pi = (a if type(a) is bytes else None for a in c.arrays)
+            oi, ol, om, pi = c.arrays
             row.blobs = [pi, oi, ol, om]
+            if countOf(map(type, row.blobs), bytes) != 4:
+                row.blobs = [a if type(a) is bytes else None for a in row.blobs]
         rows.append(row)
     return rows
 
