@@ -13,7 +13,8 @@ What it blocks (default action: allow; blocked calls fail with ``EPERM``, ``clon
   namespace still has nothing but loopback);
 - ``ptrace``, ``process_vm_readv/writev``, ``mount``, ``umount2``, ``pivot_root``, ``move_mount``,
   ``open_tree``, ``fsopen``, ``bpf``, ``perf_event_open``, ``userfaultfd``, ``kexec_load``,
-  ``keyctl``, ``add_key``, ``request_key``, ``unshare``, ``setns``, ``open_by_handle_at``;
+  ``keyctl``, ``add_key``, ``request_key``, ``unshare``, ``setns``, ``open_by_handle_at``,
+  ``syslog`` (the host's kernel log, readable without privileges where ``dmesg_restrict=0``);
 - ``clone`` with ``CLONE_NEWUSER`` (nested user namespaces; bwrap also sets ``--disable-userns``);
 - ``ioctl(TIOCSTI)`` and ``ioctl(TIOCLINUX)`` with a *masked 32-bit* compare, so the
   ``TIOCSTI | 1 << 32`` variant of CVE-2019-10063 is caught too.
@@ -48,7 +49,7 @@ SECCOMP_MODE_FILTER = 2
 BLOCKED_SYSCALLS = (
     "ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root",
     "move_mount", "open_tree", "fsopen", "bpf", "perf_event_open", "userfaultfd", "kexec_load",
-    "keyctl", "add_key", "request_key", "unshare", "setns", "open_by_handle_at",
+    "keyctl", "add_key", "request_key", "unshare", "setns", "open_by_handle_at", "syslog",
 )  # fmt: skip
 
 
