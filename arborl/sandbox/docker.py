@@ -40,11 +40,13 @@ interpreter: the binary, the shared libraries it and its extension modules load,
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import queue
 import shutil
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -129,10 +131,6 @@ class DockerBackend:
         self._proxy = proxy_socket
         self._image = image or ensure_image(docker_host=docker_host)
         self._seccomp_path = _write_profile(allow_inet=proxy_socket is not None)
-        # The CLI reads the profile file at every ``docker run``: keep it until close / collection.
-        self._profile_finalizer = weakref.finalize(
-            self, shutil.rmtree, os.path.dirname(self._seccomp_path), ignore_errors=True
-        )
         self._owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._idle: queue.Queue[str] = queue.Queue()
         self._live: set[str] = set()
@@ -349,7 +347,6 @@ class DockerBackend:
         if names:
             _docker("rm", "-f", *names, host=self._host)
         self._finalizer()  # remove_leftovers for this owner, once
-        self._profile_finalizer()
         with self._lock:
             self._live.clear()
 
@@ -361,11 +358,27 @@ class DockerBackend:
 
 
 def _write_profile(*, allow_inet: bool) -> str:
-    """Write the seccomp profile into a fresh private directory; return the file's path."""
-    # A private mkdtemp directory (mode 0700): nobody else can swap the file between runs.
-    path = os.path.join(tempfile.mkdtemp(prefix="arborl-seccomp-"), "profile.json")
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(seccomp.docker_profile(allow_inet=allow_inet), fh)
+    """Write the seccomp profile (named by its content) into this user's private directory.
+
+    The docker CLI reads the file at every ``docker run``, so it must outlive the backend; being
+    named by its content, it is shared by every backend of this user and nothing is left behind
+    per backend (not even by an owner killed with SIGKILL).
+
+    Returns:
+        The file's path, for ``--security-opt seccomp=PATH``.
+    """
+    data = json.dumps(seccomp.docker_profile(allow_inet=allow_inet), sort_keys=True).encode()
+    folder = os.path.join(tempfile.gettempdir(), f"arborl-seccomp-{os.getuid()}")
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    # /tmp is shared: refuse a folder someone else made (or a link), where the file could be swapped.
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise SandboxError(f"{folder} is not a private directory of this user (mode 0700); remove it")
+    path = os.path.join(folder, hashlib.sha256(data).hexdigest()[:16] + ".json")
+    tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)  # atomic: a concurrent backend never reads a half-written profile
     return path
 
 

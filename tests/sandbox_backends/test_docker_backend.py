@@ -332,7 +332,7 @@ def test_profile_is_the_seccomp_rule_list() -> None:
         assert families == ([10] if allow_inet else [2, 10])  # AF_INET6 always, AF_INET without proxy
 
 
-def test_foreign_arch_syscall_kills_and_profile_file_goes_with_close(docker_host: str) -> None:
+def test_foreign_arch_syscall_kills_the_snippet(docker_host: str) -> None:
     # i386 ``int 0x80`` ptrace(TRACEME) from x86_64: not in the native-only filter, so SIGSYS (31).
     code = """
 import ctypes, mmap
@@ -342,11 +342,9 @@ print("returned", ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.
 """
     if os.uname().machine != "x86_64":
         pytest.skip("the probe is x86_64 machine code")
-    b = DockerBackend(LIMITS, docker_host=docker_host, pool_size=1)
-    path = b._seccomp_path
-    with open(path, encoding="utf-8") as fh:
-        assert json.load(fh) == seccomp.docker_profile(allow_inet=False)
-    r = b.run_python(code)
-    b.close()
+    with DockerBackend(LIMITS, docker_host=docker_host, pool_size=1) as b:
+        with open(b._seccomp_path, encoding="utf-8") as fh:
+            assert json.load(fh) == seccomp.docker_profile(allow_inet=False)
+        assert os.stat(os.path.dirname(b._seccomp_path)).st_mode & 0o777 == 0o700
+        r = b.run_python(code)
     assert (r.exit_code, r.stdout) == (-31, ""), r
-    assert not os.path.exists(path)
