@@ -25,6 +25,7 @@ import sys
 import time
 import uuid
 from array import array
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from json.encoder import encode_basestring_ascii
 from operator import countOf
@@ -342,8 +343,9 @@ _HEAD = ("action", "action_text", "error", "index", "info", "media", "observatio
 _TAIL = ("result", "reward", "state_key", "terminated", "tool_call", "truncated")
 _FRAME = struct.Struct("<cQ").pack
 _CODE_TAGS = tuple(c.encode() for c in ARRAY_CODES)
-_SCALAR_JSON = {str: encode_basestring_ascii, int: int.__repr__, bool: {True: "true", False: "false"}.__getitem__,
-                type(None): {None: "null"}.__getitem__}  # what _json gives for these exact types, in C
+_SCALAR_JSON: dict[type, Callable[[Any], str]] = {  # what _json gives for these exact types, in C
+    str: encode_basestring_ascii, int: int.__repr__, bool: {True: "true", False: "false"}.__getitem__,
+    type(None): {None: "null"}.__getitem__}
 _SWAP = sys.byteorder == "big"
 if array("i").itemsize != 4 or array("d").itemsize != 8:
     raise ImportError("arborl's packed token arrays need a 4-byte C int and an 8-byte C double")
@@ -426,25 +428,53 @@ def _json(v: Any) -> str:
         return "{" + ",".join([f"{encode_basestring_ascii(k)}:{_json(v[k])}" for k in sorted(v)]) + "}"
     if t is list and not v:
         return "[]"
-    if t is ToolCall:  # on most turns: its fields in sorted order, without building a dict
-        return f'{{"arguments":{_json(v.arguments)},"call_id":{_json(v.call_id)},"name":{_json(v.name)}}}'
+    if t is ToolCall:
+        return _tool_call_json(v)
     try:  # plain JSON data encodes as is; _plain converts what asdict would (dataclasses inside)
         return _CANON.encode(v)
     except TypeError:
         return _CANON.encode(_plain(v))
 
 
+def _tool_call_json(v: ToolCall) -> str:
+    """On most turns: its fields in sorted order, without building a dict."""
+    return f'{{"arguments":{_json(v.arguments)},"call_id":{_json(v.call_id)},"name":{_json(v.name)}}}'
+
+
+_SCALAR_JSON[ToolCall] = _tool_call_json
+
+
 # Fast paths of pack_array: None unless the value is a list of exact-type values that fit.
-def _pack_ids(v: Any) -> bytes | None:
-    if type(v) is not list or countOf(map(type, v), int) != len(v):  # exact types: no bools
+# struct packs little-endian directly and is ~2.5x faster than array(...).tobytes() for short
+# arrays; its Structs are cached per length up to _STRUCT_MAX (longer arrays go through array).
+_STRUCT_MAX = 4096
+_STRUCTS: dict[tuple[str, int], Callable[..., bytes]] = {}
+
+
+def _packer(code: str, n: int) -> Callable[..., bytes] | None:
+    if n > _STRUCT_MAX:
         return None
-    try:
-        a = array("i", v)
-    except OverflowError:
-        return None
+    p = _STRUCTS.get((code, n))
+    if p is None:
+        p = _STRUCTS[code, n] = struct.Struct(f"<{n}{code}").pack
+    return p
+
+
+def _pack_long(v: list[Any], code: str) -> bytes:
+    a = array(code, v)
     if _SWAP:
         a.byteswap()
     return a.tobytes()
+
+
+def _pack_ids(v: Any) -> bytes | None:
+    if type(v) is not list or countOf(map(type, v), int) != len(v):  # exact types: no bools
+        return None
+    p = _STRUCTS.get(("i", len(v))) or _packer("i", len(v))
+    try:
+        return _pack_long(v, "i") if p is None else p(*v)
+    except (OverflowError, struct.error):  # outside int32
+        return None
 
 
 def _pack_logprobs(v: Any) -> bytes | None:
@@ -453,10 +483,8 @@ def _pack_logprobs(v: Any) -> bytes | None:
         return None
     if (s := sum(v)) - s != 0.0 and not all(map(math.isfinite, v)):
         return None
-    a = array("d", v)
-    if _SWAP:
-        a.byteswap()
-    return a.tobytes()
+    p = _STRUCTS.get(("d", len(v))) or _packer("d", len(v))
+    return _pack_long(v, "d") if p is None else p(*v)
 
 
 def _pack_mask(v: Any) -> bytes | None:
