@@ -16,11 +16,14 @@ def plot_learning_curve(rows: list[dict[str, Any]], path: Path, *, final: dict[s
     pts = [r for r in rows if "success" in r and r["stage"] in ("sft", "rl")]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
     ax2 = ax.twinx()
+    last_sft = [r for r in pts if r["stage"] == "sft"][-1:]
     for stage, color in (("sft", "tab:blue"), ("rl", "tab:orange")):
-        xs = [r["env_steps"] for r in pts if r["stage"] == stage]
-        ax.plot(xs, [r["success"] for r in pts if r["stage"] == stage], "o-", color=color, label=f"{stage} success")
-        ax2.plot(xs, [r["reward"] for r in pts if r["stage"] == stage], "x--", color=color, alpha=0.5,
-                 label=f"{stage} mean reward")
+        rows_ = [r for r in pts if r["stage"] == stage]
+        if stage == "rl" and rows_:
+            rows_ = last_sft + rows_  # RL starts where SFT ended
+        xs = [r["env_steps"] for r in rows_]
+        ax.plot(xs, [r["success"] for r in rows_], "o-", color=color, label=f"{stage} success")
+        ax2.plot(xs, [r["reward"] for r in rows_], "x--", color=color, alpha=0.5, label=f"{stage} mean reward")
     sft_x = [r["env_steps"] for r in rows if r["stage"] == "sft"]
     if sft_x and any(r["stage"] == "rl" for r in rows):
         ax.axvline(max(sft_x), color="gray", linestyle=":", label="SFT -> RL")

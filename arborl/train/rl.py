@@ -33,7 +33,14 @@ from arborl.loss import ppo_clip_loss
 from arborl.policy import ChatRenderer, load_policy, save_policy, token_logprobs, token_logprobs_and_entropy
 from arborl.rollout import ModelPolicy, run_episodes
 from arborl.train.batch import TokenBatch, broadcast, collate, step_batch
-from arborl.train.common import Metrics, load_trainer_state, rng_state, save_trainer_state, set_rng_state, task_type_of
+from arborl.train.common import (
+    Metrics,
+    load_trainer_state,
+    rng_state,
+    save_trainer_state,
+    set_rng_state,
+    task_type_of,
+)
 from arborl.train.config import TrainConfig
 from arborl.train.progress import progress
 from arborl.train.stages import evaluate, policy_dir, specs_for

@@ -21,6 +21,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
+
+from arborl.env.base import StepResult
+from arborl.env.parsing import ENDED_ERROR, extract_action, invalid_message
 
 OBS_FORMATS = ("rows", "rows+cols", "grid")
 
@@ -97,3 +101,37 @@ def in_heldout_part(fingerprint: str) -> bool:
 def wants_heldout(seed: int, heldout_seed_start: int | None) -> bool | None:
     """Which part a seed must draw from: True/False, or None when partitioning is off."""
     return None if heldout_seed_start is None else seed >= heldout_seed_start
+
+
+class _GridState(Protocol):
+    _done: bool
+    _success: bool
+    _steps: int
+    _last_obs: GridObs
+    max_steps: int
+
+    def _obs(self, status: str, message: str) -> GridObs: ...
+
+
+def begin_step(env: _GridState, action: str, actions: Sequence[str]) -> tuple[str | None, StepResult | None]:
+    """The part of ``step`` every grid env shares: refuse after the end, count the step, parse the action.
+
+    Returns ``(name, None)`` for a valid action (the env then applies it), or ``(None, result)``
+    when the step is already answered: after the episode ended, or for malformed text (the state
+    stays, the step counts, and the last allowed step truncates).
+    """
+    if env._done:
+        info = {"action_valid": False, "action": None, "error": ENDED_ERROR, "success": env._success}
+        return None, StepResult(env._last_obs, 0.0, False, True, info)
+    env._steps += 1
+    name = extract_action(action, actions)
+    if name is not None:
+        return name, None
+    out_of_steps = env._steps >= env.max_steps
+    message = invalid_message(action, actions)
+    info: dict[str, Any] = {"action_valid": False, "action": None, "error": message}
+    if out_of_steps:
+        env._done, env._success = True, False
+        info["success"] = False
+    env._last_obs = env._obs("timeout" if out_of_steps else "invalid", message)
+    return None, StepResult(env._last_obs, 0.0, False, out_of_steps, info)

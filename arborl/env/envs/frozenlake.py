@@ -31,13 +31,13 @@ from arborl.env.base import StepResult
 from arborl.env.envs._grid import (
     HELDOUT_SEED_START,
     GridObs,
+    begin_step,
     check_obs_format,
     in_heldout_part,
     render_grid,
     render_rows,
     wants_heldout,
 )
-from arborl.env.parsing import ENDED_ERROR, extract_action, invalid_message
 
 ACTIONS = ("Left", "Down", "Right", "Up")
 _MOVES = ((0, -1), (1, 0), (0, 1), (-1, 0))  # (drow, dcol) per action index, Gymnasium's order
@@ -326,21 +326,10 @@ class FrozenLake:
     def step(self, action: str) -> StepResult:
         """Apply the model's text; never raises on malformed text (see :mod:`arborl.env.base`)."""
         self._require_reset()
-        if self._done:
-            return StepResult(
-                self._last_obs, 0.0, False, True,
-                {"action_valid": False, "action": None, "error": ENDED_ERROR, "success": self._success},
-            )
-        self._steps += 1
+        name, answered = begin_step(self, action, ACTIONS)
+        if answered is not None:
+            return answered
         out_of_steps = self._steps >= self.max_steps
-        name = extract_action(action, ACTIONS)
-        if name is None:
-            message = invalid_message(action, ACTIONS)
-            info: dict[str, Any] = {"action_valid": False, "action": None, "error": message}
-            if out_of_steps:
-                self._end(info, success=False)
-            self._last_obs = self._obs("timeout" if out_of_steps else "invalid", message)
-            return StepResult(self._last_obs, 0.0, False, out_of_steps, info)
         move = ACTIONS.index(name)
         if self.is_slippery:
             move = (move + self._slip_rng.randrange(3) - 1) % 4
