@@ -56,11 +56,10 @@ def _summary_table(summary: dict, console) -> None:
 
 def _run(args: argparse.Namespace, stages: list[str] | None) -> int:
     from rich.console import Console
+    from transformers.utils import logging as hf_logging
 
     from arborl.train.config import TrainConfig
     from arborl.train.pipeline import run_pipeline
-
-    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # our own bars show the stages; per-load bars are noise
     console = Console(stderr=False)
