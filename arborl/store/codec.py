@@ -5,7 +5,7 @@ An episode is split into
 * its *meta*: every field except ``turns``, as JSON;
 * one :class:`TurnRow` per turn, in creation order: the turn's real ``turn_id``/``parent_id``,
   its position on the main path (``None`` off it), its step reward, its ``timings`` JSON, and
-  its *canonical body*: the turn's JSON from :func:`~arborl.trajectory.schema.canonical_turns`,
+  its *canonical body*: the turn's JSON from :func:`~arborl.trajectory.canonical.canonical_turns`,
   the same pieces :meth:`Episode.content_hash` hashes, so one encoding serves storage and dedup.
   Packed rows (SQLite) keep the token arrays as the canonical packed bytes the hash covers and
   leave them out of the body;
@@ -31,16 +31,8 @@ from operator import countOf
 from typing import Any
 
 from arborl.store.base import IndexRow, check_schema_version
-from arborl.trajectory.schema import (
-    CanonicalTurn,
-    Episode,
-    MediaRef,
-    SchemaError,
-    ToolCall,
-    Turn,
-    canonical_episode,
-    canonical_turns,
-)
+from arborl.trajectory.canonical import CanonicalTurn, canonical_episode, canonical_turns
+from arborl.trajectory.schema import Episode, MediaRef, SchemaError, ToolCall, Turn
 
 _JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 _TURN_FIELDS = tuple(f.name for f in fields(Turn))

@@ -3,7 +3,7 @@
 A turn's ``prompt_ids``, ``output_ids``, ``output_logprobs`` and ``output_mask`` are most of its
 size, and parsing them from JSON dominates read time (about 28 us for a 120-number turn against
 11 us packed). The packed form is the one :meth:`~arborl.trajectory.schema.Episode.content_hash`
-hashes (:func:`~arborl.trajectory.schema.pack_array`): exact or not done. Ids and the mask pack
+hashes (:func:`~arborl.trajectory.canonical.pack_array`): exact or not done. Ids and the mask pack
 when the array's JSON value is a list of integers that fit (int32 for ids, 0/1 for the mask),
 log-probs when it is a list of floats (float64, bit-exact). Anything else (bools, ints among the
 log-probs, ids of 2**31 or more) stays in the JSON body, so a read-back turn is equal *and*
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from arborl.trajectory.schema import pack_array, unpack_array
+from arborl.trajectory.canonical import pack_array, unpack_array
 
 ARRAY_FIELDS = ("prompt_ids", "output_ids", "output_logprobs", "output_mask")
 _CODE = {"prompt_ids": "i", "output_ids": "i", "output_logprobs": "d", "output_mask": "b"}

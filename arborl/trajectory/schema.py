@@ -20,16 +20,11 @@ import copy
 import hashlib
 import json
 import math
-import struct
-import sys
 import time
 import uuid
-from array import array
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from json.encoder import encode_basestring_ascii
 from operator import countOf
-from typing import Any, NamedTuple
+from typing import Any
 
 SCHEMA_VERSION = 1
 """Bump when a field changes meaning; readers refuse versions newer than they know."""
@@ -309,90 +304,14 @@ class Episode:
         turn ids, ``created_at``, ``group_id``, ``iteration``, ``tags``, ``metadata`` and turn
         ``timings``: the store uses this for deduplication. Any other change (one token id, one
         bit of one log-prob, one mask value, an action, a reward) changes the hash. The hashed
-        bytes are :func:`canonical_episode` of :func:`canonical_turns`.
+        bytes are :mod:`arborl.trajectory.canonical`'s ``canonical_episode``.
         """
+        from arborl.trajectory.canonical import canonical_episode, canonical_turns  # it imports this module
+
         return hashlib.sha256(canonical_episode(self, canonical_turns(self))).hexdigest()
 
 
-# --- canonical form (content hash) -----------------------------------------------------------
-# canonical_episode() is a byte string of frames, each a tag byte, a little-endian uint64 length
-# and that many bytes, so it parses back unambiguously (equal bytes <=> equal content):
-#   b"arborl-content-v2\n"
-#   frame "e": the episode's hashed fields (to_dict() without HASH_EXCLUDED and turns) as JSON;
-#   per turn, in creation order:
-#     frame "t": the turn without timings and its four token arrays as JSON, with turn_id and
-#                parent_id replaced by creation-order numbers;
-#     per array, in CANONICAL_ARRAYS order, one frame: tag "i" (int32), "d" (float64) or "b"
-#                (int8) with the array packed little-endian when its JSON value is a list of
-#                values that fit that field's code exactly (ARRAY_CODES), otherwise tag "j" and
-#                the array's JSON text.
-# JSON here is json.dumps(v, sort_keys=True, separators=(",", ":"), allow_nan=False). Hashing
-# the arrays as bytes avoids formatting every token id and log-prob as text (most of the cost of
-# a JSON-only definition), and the store keeps the same bytes as its packed columns.
-_CANON = json.JSONEncoder(separators=(",", ":"), allow_nan=False, sort_keys=True)
 _SCALARS = frozenset((str, int, float, bool, type(None)))
-HASH_EXCLUDED = frozenset({"episode_id", "created_at", "group_id", "iteration", "tags", "metadata"})
-"""Episode fields that :meth:`Episode.content_hash` leaves out (ids, timestamps, grouping, labels)."""
-CANONICAL_ARRAYS = ("output_ids", "output_logprobs", "output_mask", "prompt_ids")
-"""Token array fields of a turn in canonical (sorted-key) order: :attr:`CanonicalTurn.arrays`."""
-ARRAY_CODES = ("i", "d", "b", "i")
-"""Packed code of each of :data:`CANONICAL_ARRAYS`: int32 ids, float64 log-probs, 0/1 mask bytes."""
-CONTENT_HASH_VERSION = b"arborl-content-v2\n"
-"""First bytes of :func:`canonical_episode`; a new definition gets a new version."""
-_HEAD = ("action", "action_text", "error", "index", "info", "media", "observation")
-_TAIL = ("result", "reward", "state_key", "terminated", "tool_call", "truncated")
-_FRAME = struct.Struct("<cQ").pack
-_CODE_TAGS = tuple(c.encode() for c in ARRAY_CODES)
-_SCALAR_JSON: dict[type, Callable[[Any], str]] = {  # what _json gives for these exact types, in C
-    str: encode_basestring_ascii, int: int.__repr__, bool: {True: "true", False: "false"}.__getitem__,
-    type(None): {None: "null"}.__getitem__}
-_SWAP = sys.byteorder == "big"
-if array("i").itemsize != 4 or array("d").itemsize != 8:
-    raise ImportError("arborl's packed token arrays need a 4-byte C int and an 8-byte C double")
-
-
-class CanonicalTurn(NamedTuple):
-    """One turn's canonical form in pieces: JSON ``{head,<arrays>,mid,<prompt_ids>,tail}``.
-
-    Attributes:
-        head: ``"action":...`` through ``"observation":...`` (keys before ``output_ids``).
-        mid: ``"parent_id":...,"policy_version":...`` (keys between ``output_mask`` and ``prompt_ids``).
-        tail: ``"result":...`` through ``"valid":...`` (keys after ``prompt_ids``).
-        rest: ``{head,mid,tail}``: the turn's JSON without its four token arrays.
-        arrays: Per :data:`CANONICAL_ARRAYS`: packed bytes (see :func:`pack_array`) or JSON text.
-        record: The turn's frames of :func:`canonical_episode`.
-    """
-
-    head: str
-    mid: str
-    tail: str
-    rest: str
-    arrays: tuple[bytes | str, bytes | str, bytes | str, bytes | str]
-    record: bytes
-
-    def text(self, packed: bool = False) -> str:
-        """The turn's canonical JSON; with ``packed``, the arrays held as bytes are left out."""
-        if packed and countOf(map(type, self.arrays), bytes) == 4:
-            return self.rest  # all packed: the store's usual row
-        oi, ol, om, pi = (
-            "" if packed and type(a) is bytes else f',"{n}":{array_json(a, c)}'
-            for n, a, c in zip(CANONICAL_ARRAYS, self.arrays, ARRAY_CODES, strict=True))
-        return f"{{{self.head}{oi}{ol}{om},{self.mid}{pi},{self.tail}}}"
-
-
-def _record(rest: str, arrays: tuple[bytes | str, ...]) -> bytes:
-    """One turn's frames: "t" and its rest JSON, then each array with its code or "j" and JSON."""
-    r = rest.encode()
-    if countOf(map(type, arrays), bytes) == 4:  # the usual case, without the loop
-        oi, ol, om, pi = arrays
-        return b"".join((_FRAME(b"t", len(r)), r, _FRAME(b"i", len(oi)), oi, _FRAME(b"d", len(ol)), ol,
-                         _FRAME(b"b", len(om)), om, _FRAME(b"i", len(pi)), pi))
-    parts = [_FRAME(b"t", len(r)), r]
-    for a, code in zip(arrays, _CODE_TAGS, strict=True):
-        if type(a) is str:
-            a, code = a.encode(), b"j"
-        parts += (_FRAME(code, len(a)), a)
-    return b"".join(parts)
 
 
 def _plain(v: Any) -> Any:
@@ -411,170 +330,6 @@ def _plain(v: Any) -> Any:
     return tuple(_plain(x) for x in v) if t is tuple else copy.deepcopy(v)  # anything else: as asdict does
 
 
-def _json(v: Any) -> str:
-    """``_CANON.encode(v)`` with the common scalar types formatted directly."""
-    t = type(v)
-    if t is str:
-        return encode_basestring_ascii(v)
-    if v is None:
-        return "null"
-    if t is bool:
-        return "true" if v else "false"
-    if t is int:
-        return int.__repr__(v)
-    if t is float and math.isfinite(v):
-        return float.__repr__(v)
-    if t is dict and len(v) < 8 and countOf(map(type, v), str) == len(v):  # small: sorted here, no encoder
-        return "{" + ",".join([f"{encode_basestring_ascii(k)}:{_json(v[k])}" for k in sorted(v)]) + "}"
-    if t is list and not v:
-        return "[]"
-    if t is ToolCall:
-        return _tool_call_json(v)
-    try:  # plain JSON data encodes as is; _plain converts what asdict would (dataclasses inside)
-        return _CANON.encode(v)
-    except TypeError:
-        return _CANON.encode(_plain(v))
-
-
-def _tool_call_json(v: ToolCall) -> str:
-    """On most turns: its fields in sorted order, without building a dict."""
-    return f'{{"arguments":{_json(v.arguments)},"call_id":{_json(v.call_id)},"name":{_json(v.name)}}}'
-
-
-_SCALAR_JSON[ToolCall] = _tool_call_json
-
-
-# Fast paths of pack_array: None unless the value is a list of exact-type values that fit.
-# struct packs little-endian directly and is ~2.5x faster than array(...).tobytes() for short
-# arrays; its Structs are cached per length up to _STRUCT_MAX (longer arrays go through array).
-_STRUCT_MAX = 4096
-_STRUCTS: dict[tuple[str, int], Callable[..., bytes]] = {}
-
-
-def _packer(code: str, n: int) -> Callable[..., bytes] | None:
-    if n > _STRUCT_MAX:
-        return None
-    p = _STRUCTS.get((code, n))
-    if p is None:
-        p = _STRUCTS[code, n] = struct.Struct(f"<{n}{code}").pack
-    return p
-
-
-def _pack_long(v: list[Any], code: str) -> bytes:
-    a = array(code, v)
-    if _SWAP:
-        a.byteswap()
-    return a.tobytes()
-
-
-def _pack_ids(v: Any) -> bytes | None:
-    if type(v) is not list or countOf(map(type, v), int) != len(v):  # exact types: no bools
-        return None
-    p = _STRUCTS.get(("i", len(v))) or _packer("i", len(v))
-    try:
-        return _pack_long(v, "i") if p is None else p(*v)
-    except (OverflowError, struct.error):  # outside int32
-        return None
-
-
-def _pack_logprobs(v: Any) -> bytes | None:
-    # a finite sum means every value is finite (one C pass); else check each value
-    if type(v) is not list or countOf(map(type, v), float) != len(v):
-        return None
-    if (s := sum(v)) - s != 0.0 and not all(map(math.isfinite, v)):
-        return None
-    p = _STRUCTS.get(("d", len(v))) or _packer("d", len(v))
-    return _pack_long(v, "d") if p is None else p(*v)
-
-
-def _pack_mask(v: Any) -> bytes | None:
-    if type(v) is not list or countOf(map(type, v), int) != len(v):
-        return None
-    try:
-        b = bytes(v)
-    except ValueError:  # outside 0..255
-        return None
-    return b if b.count(1) + b.count(0) == len(b) else None  # counted in C on the bytes
-
-
-_PACK = {"i": _pack_ids, "d": _pack_logprobs, "b": _pack_mask}
-
-
-def pack_array(values: Any, code: str) -> bytes | str:
-    """The canonical form of one token array: packed little-endian bytes, or its JSON text.
-
-    Packed (``code`` "i": int32, "d": float64, "b": 0/1 bytes) exactly when the array's JSON
-    value is a list of JSON integers that fit ("i", "b") or of JSON floats ("d"), so the choice
-    depends on the JSON value only (a tuple packs like a list; ``True`` is not ``1``; ``0`` is
-    not ``0.0``) and unpacking gives back that value.
-
-    Raises:
-        ValueError: a non-finite float. TypeError: a value is not JSON-able.
-    """
-    packed = _PACK[code](values)
-    if packed is not None:
-        return packed
-    text = _CANON.encode(_plain(values))
-    packed = _PACK[code](json.loads(text))  # tuples, int/float subclasses: as their JSON value
-    return text if packed is None else packed
-
-
-def unpack_array(data: bytes, code: str) -> list[Any]:
-    """Inverse of :func:`pack_array` for packed bytes."""
-    if code == "b":
-        return list(data)
-    a = array(code)
-    a.frombytes(data)
-    if _SWAP:
-        a.byteswap()
-    return a.tolist()
-
-
-def array_json(a: bytes | str, code: str) -> str:
-    """JSON text of an array in :func:`pack_array` form."""
-    return a if type(a) is str else _CANON.encode(unpack_array(a, code))
-
-
-def canonical_turns(ep: Episode) -> list[CanonicalTurn]:
-    """The canonical pieces of every turn of ``ep``, in creation order.
-
-    Raises:
-        ValueError: a non-finite float. TypeError: a value is not JSON-able. KeyError: an unknown parent.
-    """
-    order = {t.turn_id: i for i, t in enumerate(ep.turns)}
-    out = []
-    get = _SCALAR_JSON.get
-    for i, t in enumerate(ep.turns):
-        # C encoders for the common types (str, int, bool, None), _json for the rest; the keys of
-        # _HEAD / _TAIL spelled out: an f-string is ~2.5x faster than a join over them
-        (action, action_text, error, index, info, media, obs, pv, result, reward, state_key, term, tool, trunc,
-         valid) = [get(type(v), _json)(v) for v in (
-             t.action, t.action_text, t.error, t.index, t.info, t.media, t.observation, t.policy_version,
-             t.result, t.reward, t.state_key, t.terminated, t.tool_call, t.truncated, t.valid)]
-        head = (f'"action":{action},"action_text":{action_text},"error":{error},"index":{index},"info":{info},'
-                f'"media":{media},"observation":{obs}')
-        parent = "null" if t.parent_id is None else str(order[t.parent_id])
-        mid = f'"parent_id":{parent},"policy_version":{pv}'
-        tail = (f'"result":{result},"reward":{reward},"state_key":{state_key},"terminated":{term},'
-                f'"tool_call":{tool},"truncated":{trunc},"turn_id":{i},"valid":{valid}')
-        arrays = (_pack_ids(t.output_ids), _pack_logprobs(t.output_logprobs), _pack_mask(t.output_mask),
-                  _pack_ids(t.prompt_ids))
-        if None in arrays:  # not a plain list of exact values: the general rule decides
-            arrays = (pack_array(t.output_ids, "i"), pack_array(t.output_logprobs, "d"),
-                      pack_array(t.output_mask, "b"), pack_array(t.prompt_ids, "i"))
-        rest = f"{{{head},{mid},{tail}}}"
-        out.append(CanonicalTurn(head, mid, tail, rest, arrays, _record(rest, arrays)))
-    return out
-
-
-def canonical_episode(ep: Episode, turns: list[CanonicalTurn]) -> bytes:
-    """The bytes :meth:`Episode.content_hash` hashes, from the turns' canonical pieces."""
-    head = _CANON.encode({f: _plain(getattr(ep, f)) for f in _HASHED_FIELDS}).encode()
-    parts = [CONTENT_HASH_VERSION, _FRAME(b"e", len(head)), head]
-    parts += [c.record for c in turns]
-    return b"".join(parts)
-
-
 def _check_keys(d: dict[str, Any], cls: type, where: str) -> None:
     known = {f.name for f in fields(cls)}
     unknown = set(d) - known
@@ -587,10 +342,6 @@ def _check_keys(d: dict[str, Any], cls: type, where: str) -> None:
 
 _TURN_FIELDS = tuple(f.name for f in fields(Turn))
 _EPISODE_SCALARS = tuple(f.name for f in fields(Episode) if f.name != "turns")
-_HASHED_FIELDS = tuple(f for f in _EPISODE_SCALARS if f not in HASH_EXCLUDED)
-_ORDER = [*_HEAD, *CANONICAL_ARRAYS[:3], "parent_id", "policy_version", "prompt_ids", *_TAIL, "turn_id", "valid"]
-if sorted(f for f in _TURN_FIELDS if f != "timings") != _ORDER:
-    raise ImportError("the canonical form above no longer covers the Turn/Episode fields; update it")
 
 
 @dataclass

@@ -21,7 +21,8 @@ from storekit import make_episode
 from arborl.store import open_store
 from arborl.store.codec import prepare
 from arborl.store.packing import pack_arrays, unpack_into
-from arborl.trajectory.schema import CANONICAL_ARRAYS, Episode, MediaRef, ToolCall, Turn, canonical_turns
+from arborl.trajectory.canonical import CANONICAL_ARRAYS, canonical_turns
+from arborl.trajectory.schema import Episode, MediaRef, ToolCall, Turn
 
 
 def _frame(tag: str, payload: bytes) -> bytes:
