@@ -135,3 +135,21 @@ def begin_step(env: _GridState, action: str, actions: Sequence[str]) -> tuple[st
         info["success"] = False
     env._last_obs = env._obs("timeout" if out_of_steps else "invalid", message)
     return None, StepResult(env._last_obs, 0.0, False, out_of_steps, info)
+
+
+def begin_reset(
+    seed_rng: Any, seed: int | None, options: dict[str, Any] | None, *, option: str, env_name: str
+) -> tuple[int, dict[str, Any]]:
+    """The part of ``reset`` every grid env shares: check ``options``, pick or re-seed the seed stream.
+
+    ``reset(seed=s)`` followed by ``reset()`` replays the same sequence, as in Gymnasium.
+    Returns the seed to play and a copy of ``options``.
+    """
+    options = dict(options or {})
+    unknown = sorted(set(options) - {option})
+    if unknown:
+        raise ValueError(f"{env_name}.reset: unknown options {unknown}; the only option is {option!r}.")
+    if seed is None:
+        return seed_rng.getrandbits(31), options
+    seed_rng.seed(f"arborl.{env_name.lower()}.seeds/{seed}")
+    return seed, options

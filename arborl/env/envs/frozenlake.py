@@ -31,6 +31,7 @@ from arborl.env.base import StepResult
 from arborl.env.envs._grid import (
     HELDOUT_SEED_START,
     GridObs,
+    begin_reset,
     begin_step,
     check_obs_format,
     in_heldout_part,
@@ -299,15 +300,7 @@ class FrozenLake:
         Returns:
             ``(obs, info)`` with ``info = {"seed": ..., "desc": ...}``.
         """
-        options = dict(options or {})
-        unknown = sorted(set(options) - {"desc"})
-        if unknown:
-            raise ValueError(f"FrozenLake.reset: unknown options {unknown}; the only option is 'desc'.")
-        if seed is None:
-            seed = self._seed_rng.getrandbits(31)
-        else:
-            # reset(seed=s) followed by reset() must replay the same sequence, as in Gymnasium
-            self._seed_rng.seed(f"arborl.frozenlake.seeds/{seed}")
+        seed, options = begin_reset(self._seed_rng, seed, options, option="desc", env_name="FrozenLake")
         if "desc" in options:
             desc = _validate_desc(options["desc"])
         else:

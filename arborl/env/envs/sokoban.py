@@ -35,6 +35,7 @@ from arborl.env.base import StepResult
 from arborl.env.envs._grid import (
     HELDOUT_SEED_START,
     GridObs,
+    begin_reset,
     begin_step,
     check_obs_format,
     in_heldout_part,
@@ -332,14 +333,7 @@ class Sokoban:
             ``(obs, info)`` with ``info = {"seed": ..., "room": rows, "optimal_steps": n | None}``
             (``None`` for an explicit room: it is not solved up front).
         """
-        options = dict(options or {})
-        unknown = sorted(set(options) - {"room"})
-        if unknown:
-            raise ValueError(f"Sokoban.reset: unknown options {unknown}; the only option is 'room'.")
-        if seed is None:
-            seed = self._seed_rng.getrandbits(31)
-        else:
-            self._seed_rng.seed(f"arborl.sokoban.seeds/{seed}")
+        seed, options = begin_reset(self._seed_rng, seed, options, option="room", env_name="Sokoban")
         optimal: int | None = None
         if "room" in options:
             rows = tuple(options["room"]) if isinstance(options["room"], list | tuple) else options["room"]
