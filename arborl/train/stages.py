@@ -14,7 +14,14 @@ from pathlib import Path
 import torch
 
 from arborl.env import Env, check_env
-from arborl.policy import ChatRenderer, build_model, load_policy, save_policy, train_tokenizer
+from arborl.policy import (
+    ChatRenderer,
+    build_model,
+    load_policy,
+    observation_text,
+    save_policy,
+    train_tokenizer,
+)
 from arborl.rollout import EpisodeSpec, ModelPolicy, RolloutConfig, ScriptedPolicy, run_episodes
 from arborl.train.common import task_type_of
 from arborl.train.config import TrainConfig
@@ -38,7 +45,7 @@ def _corpus(make_env: Callable[[], Env], episodes: int, seed_start: int, seed: i
     try:
         for k in range(episodes):
             obs, _ = env.reset(seed=seed_start + k)
-            texts.append(_as_text(env.format_observation(obs)))
+            texts.append(observation_text(env.format_observation(obs)))
             for _ in range(64):
                 expert = getattr(env, "expert_action", None)
                 act = expert() if expert is not None else "noop"
@@ -50,18 +57,12 @@ def _corpus(make_env: Callable[[], Env], episodes: int, seed_start: int, seed: i
                 elif roll < 0.33:
                     act = "???"
                 res = env.step(act)
-                texts.append(_as_text(env.format_observation(res.obs)))
+                texts.append(observation_text(env.format_observation(res.obs)))
                 if res.terminated or res.truncated:
                     break
     finally:
         env.close()
     return texts, actions
-
-
-def _as_text(obs: str | list[dict]) -> str:
-    if isinstance(obs, str):
-        return obs
-    return "\n".join(str(m.get("content", "")) for m in obs)
 
 
 def prepare_policy(cfg: TrainConfig, make_env: Callable[[], Env]) -> Path:
