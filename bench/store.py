@@ -43,6 +43,7 @@ from rich.table import Table  # noqa: E402
 
 from arborl.store import open_store  # noqa: E402
 from arborl.store.codec import prepare  # noqa: E402
+from arborl.store.sqlite_turns import INSERT_RECORD, record_rows  # noqa: E402
 from arborl.trajectory.schema import Episode, ToolCall, Turn  # noqa: E402
 
 TASK_TYPES = ["search", "code", "frozenlake", "sokoban", "math", "web", "sql", "shell"]
@@ -100,7 +101,7 @@ def bulk_fill(db_path: Path, jsonl_path: Path, n: int) -> float:
     import sqlite3
 
     open_store(f"sqlite:///{db_path}").close()  # create the layout
-    template = prepare(make(0), pack=True)
+    template = prepare(make(0))
     meta = json.loads(template.meta)
     line_tpl = make(0).to_json()
     t0 = time.perf_counter()
@@ -119,14 +120,13 @@ def bulk_fill(db_path: Path, jsonl_path: Path, n: int) -> float:
                 ep_rows.append((i + 1, eid, hashlib.sha256(str(i).encode()).hexdigest(), f"task{i % 997}", tt,
                                 f"g{i // 8}", "rl", i // 5000, i // 50_000, template.row.reward, int(i % 3 == 0),
                                 8, 8, "terminated", created, "[]", 1, json.dumps(m)))
-                turn_rows += [(((i + 1) << 20) | t.seq, t.path_index, t.turn_id, t.parent_id, t.reward, t.timings,
-                               t.body, *t.blobs) for t in template.turns]
+                turn_rows += record_rows(i + 1, template.turns)
                 lines.append(line_tpl.replace(template.row.episode_id, eid, 1)
                              .replace('"task_type":"search"', f'"task_type":"{tt}"', 1)
                              .replace(f'"created_at":{BASE_T}', f'"created_at":{created}', 1))
             db.execute("BEGIN")
             db.executemany(f"INSERT INTO episodes VALUES ({','.join('?' * 18)})", ep_rows)
-            db.executemany("INSERT INTO turns VALUES (?,?,?,?,?,?,?,?,?,?,?)", turn_rows)
+            db.executemany(INSERT_RECORD, turn_rows)
             db.execute("COMMIT")
             jf.write("\n".join(lines) + "\n")
     db.close()

@@ -3,12 +3,13 @@
 An episode is split into
 
 * its *meta*: every field except ``turns``, as JSON;
-* one :class:`TurnRow` per turn, in creation order: the turn's real ``turn_id``/``parent_id``,
-  its position on the main path (``None`` off it), its step reward, its ``timings`` JSON, and
-  its *canonical body*: the turn's JSON from :func:`~arborl.trajectory.canonical.canonical_turns`,
-  the same pieces :meth:`Episode.content_hash` hashes, so one encoding serves storage and dedup.
-  Packed rows (SQLite) keep the token arrays as the canonical packed bytes the hash covers and
-  leave them out of the body;
+* its turns, in creation order, each as its real ``turn_id``/``parent_id``, its position on the
+  main path (``None`` off it), its step reward, its ``timings`` JSON, and its canonical form from
+  :func:`~arborl.trajectory.canonical.canonical_turns`: the very pieces
+  :meth:`Episode.content_hash` hashes, so one encoding serves storage and dedup. SQLite stores
+  each turn's frames of the canonical form as they are (:data:`TurnCols`: token arrays packed
+  little-endian, the rest JSON); PostgreSQL and Redis store the turn's canonical JSON with its
+  arrays as JSON (:meth:`Prepared.turn_rows`);
 * its :class:`~arborl.store.base.IndexRow`.
 
 Validation happens here, before any backend writes, so a malformed episode fails the whole
@@ -27,23 +28,31 @@ import math
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
-from operator import countOf
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from arborl.store.base import IndexRow, check_schema_version
-from arborl.trajectory.canonical import CanonicalTurn, canonical_episode, canonical_turns
+from arborl.trajectory.canonical import (
+    CanonicalTurn,
+    canonical_episode,
+    canonical_turns,
+    compact_json_encoder,
+)
 from arborl.trajectory.schema import Episode, MediaRef, SchemaError, ToolCall, Turn
 
-_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+_json = compact_json_encoder(sort_keys=False)
 _TURN_FIELDS = tuple(f.name for f in fields(Turn))
 _TURN_KEYS = frozenset(_TURN_FIELDS)
 _EPISODE_FIELDS = tuple(f.name for f in fields(Episode) if f.name != "turns")
+if _EPISODE_FIELDS != ("episode_id", "task_id", "task_type", "group_id", "seed", "rewards", "stop_reason",
+                       "policy_version", "iteration", "source", "tags", "created_at", "metadata", "schema_version"):
+    raise ImportError("Episode's fields changed: update _meta below to write every one of them")
 _EPISODE_KEYS = frozenset(_EPISODE_FIELDS) | {"turns"}
 
 
 @dataclass(slots=True)
 class TurnRow:
-    """One turn ready to store (see the module docstring)."""
+    """One turn with a JSON body (the PostgreSQL and Redis bodies; see the module docstring)."""
 
     seq: int
     path_index: int | None
@@ -52,20 +61,30 @@ class TurnRow:
     reward: float
     timings: str
     body: str
-    """The turn's canonical JSON; with ``prepare(..., pack=True)`` without the arrays in ``blobs``."""
-    blobs: list[bytes | None] | None = None
-    """With ``pack=True``: the packed arrays in :data:`~arborl.store.packing.ARRAY_FIELDS` order,
-    ``None`` for an array that stays in ``body`` (not exactly packable)."""
+    """The turn's canonical JSON, token arrays included."""
 
 
-@dataclass
+TurnCols = tuple[int | None, str, str | None, float, str, bytes]
+"""One turn's stored columns: (path_index, turn_id, parent_id, reward, timings JSON, record), where
+``record`` is its frames of the canonical form (:attr:`CanonicalTurn.record`)."""
+
+
+@dataclass(slots=True)
 class Prepared:
-    """A validated episode split into index row, meta JSON and turn rows."""
+    """A validated episode split into index row, meta JSON and turn columns."""
 
     episode: Episode
     row: IndexRow
     meta: str
-    turns: list[TurnRow]
+    canon: list[CanonicalTurn]
+    """Canonical pieces of each turn, in creation order."""
+    turns: list[TurnCols]
+    """Stored columns of each turn, in creation order."""
+
+    def turn_rows(self) -> list[TurnRow]:
+        """The turns with their canonical JSON bodies, for backends that store turns as JSON."""
+        return [TurnRow(i, pi, tid, pid, reward, timings, c.text())
+                for i, ((pi, tid, pid, reward, timings, _), c) in enumerate(zip(self.turns, self.canon, strict=True))]
 
 
 def _check_index_fields(ep: Episode) -> None:
@@ -87,9 +106,9 @@ def _check_index_fields(ep: Episode) -> None:
             raise SchemaError(f"{where}: rewards[{k!r}] must be a number or None, got {v!r}")
 
 
-def _dumps(obj: Any, enc: json.JSONEncoder, where: str) -> str:
+def _dumps(obj: Any, where: str) -> str:
     try:
-        return enc.encode(obj)
+        return _json(obj)
     except (ValueError, TypeError) as e:
         raise SchemaError(f"{where} is not JSON-able with finite numbers: {e}") from e
 
@@ -109,26 +128,41 @@ def _content_hash(ep: Episode, canon: list[CanonicalTurn]) -> str:
         raise SchemaError(f"episode {ep.episode_id} is not JSON-able with finite numbers: {e}") from e
 
 
-def _turn_rows(ep: Episode, canon: list[CanonicalTurn], pack: bool) -> list[TurnRow]:
+def _value(v: Any) -> str:
+    """One value as :data:`_json` writes it, with the usual scalar types formatted directly."""
+    t = type(v)
+    if t is str:
+        return encode_basestring_ascii(v)
+    if t is int:
+        return int.__repr__(v)
+    if t is float and v - v == 0.0:  # finite
+        return float.__repr__(v)
+    return "null" if v is None else _json(v)
+
+
+def _meta(ep: Episode) -> str:
+    """``_json`` of the dict of the episode's fields but ``turns`` (in field order), written directly."""
+    v = _value
+    try:
+        return (f'{{"episode_id":{v(ep.episode_id)},"task_id":{v(ep.task_id)},"task_type":{v(ep.task_type)},'
+                f'"group_id":{v(ep.group_id)},"seed":{v(ep.seed)},"rewards":{v(ep.rewards)},'
+                f'"stop_reason":{v(ep.stop_reason)},"policy_version":{v(ep.policy_version)},'
+                f'"iteration":{v(ep.iteration)},"source":{v(ep.source)},"tags":{v(ep.tags)},'
+                f'"created_at":{v(ep.created_at)},"metadata":{v(ep.metadata)},"schema_version":{v(ep.schema_version)}}}')
+    except (ValueError, TypeError) as e:
+        raise SchemaError(f"episode {ep.episode_id} is not JSON-able with finite numbers: {e}") from e
+
+
+def _turn_cols(ep: Episode, canon: list[CanonicalTurn]) -> list[TurnCols]:
     pos = {t.turn_id: i for i, t in enumerate(ep.path())}
-    rows = []
-    for i, (t, c) in enumerate(zip(ep.turns, canon, strict=True)):
-        tim = t.timings
-        timings = "{}" if type(tim) is dict and not tim else _dumps(tim, _JSON, f"episode {ep.episode_id} turn {t.turn_id}")
-        row = TurnRow(i, pos.get(t.turn_id), t.turn_id, t.parent_id, float(t.reward), timings, c.text(pack))
-        if pack:  # the canonical packed bytes are the stored columns; JSON-form arrays stay in body
-            oi, ol, om, pi = c.arrays
-            row.blobs = [pi, oi, ol, om]
-            if countOf(map(type, row.blobs), bytes) != 4:
-                row.blobs = [a if type(a) is bytes else None for a in row.blobs]
-        rows.append(row)
-    return rows
+    return [(pos.get(t.turn_id), t.turn_id, t.parent_id, float(t.reward),
+             "{}" if type(tim := t.timings) is dict and not tim else _dumps(tim, f"episode {ep.episode_id} turn {t.turn_id}"),
+             c.record)
+            for t, c in zip(ep.turns, canon, strict=True)]
 
 
-def prepare(item: Episode | dict[str, Any], pack: bool = False) -> Prepared:
+def prepare(item: Episode | dict[str, Any]) -> Prepared:
     """Validate one episode (or episode dict) and split it into rows.
-
-    With ``pack``, each turn row also carries its token arrays packed (see :mod:`arborl.store.packing`).
 
     Raises:
         SchemaError: naming the malformed field (unknown/missing fields, newer schema version,
@@ -140,17 +174,17 @@ def prepare(item: Episode | dict[str, Any], pack: bool = False) -> Prepared:
     ep.validate()
     _check_index_fields(ep)
     canon = _canonical(ep)
-    turns = _turn_rows(ep, canon, pack)
-    meta = _dumps({f: getattr(ep, f) for f in _EPISODE_FIELDS}, _JSON, f"episode {ep.episode_id}")
-    path = [t for t in turns if t.path_index is not None]
+    turns = _turn_cols(ep, canon)
+    meta = _meta(ep)
+    path_rewards = [t[3] for t in turns if t[0] is not None]  # creation order is root-to-leaf order on a path
     row = IndexRow(
         episode_id=ep.episode_id, task_id=ep.task_id, task_type=ep.task_type, group_id=ep.group_id,
         source=ep.source, iteration=ep.iteration, policy_version=ep.policy_version,
-        reward=float(sum(t.reward for t in path)), success=ep.success, n_turns=len(path),
+        reward=float(sum(path_rewards)), success=ep.success, n_turns=len(path_rewards),
         n_nodes=len(ep.turns), stop_reason=ep.stop_reason, content_hash=_content_hash(ep, canon),
         created_at=float(ep.created_at), tags=list(ep.tags), schema_version=ep.schema_version,
     )
-    return Prepared(ep, row, meta, turns)
+    return Prepared(ep, row, meta, canon, turns)
 
 
 @contextmanager
@@ -172,10 +206,10 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def prepare_many(items: Iterable[Episode | dict[str, Any]], pack: bool = False) -> list[Prepared]:
+def prepare_many(items: Iterable[Episode | dict[str, Any]]) -> list[Prepared]:
     """:func:`prepare` for a batch, with the cyclic garbage collector paused (:func:`gc_paused`)."""
     with gc_paused():
-        return [prepare(e, pack) for e in items]
+        return [prepare(e) for e in items]
 
 
 def _load(x: str | dict[str, Any] | list[Any]) -> Any:
@@ -238,8 +272,8 @@ def turns_from(episode_id: str, schema_version: int, turns: list[dict[str, Any]]
 def to_blob(p: Prepared) -> bytes:
     """One episode as a self-contained JSON document (for blob-backed bodies)."""
     rows = ",".join(
-        f"[{_JSON.encode(t.turn_id)},{_JSON.encode(t.parent_id)},{_JSON.encode(t.path_index)},{t.timings},{t.body}]"
-        for t in p.turns)
+        f"[{_json(t.turn_id)},{_json(t.parent_id)},{_json(t.path_index)},{t.timings},{t.body}]"
+        for t in p.turn_rows())
     return ('{"v":1,"meta":' + p.meta + ',"turns":[' + rows + "]}").encode()
 
 

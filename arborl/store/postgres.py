@@ -155,7 +155,7 @@ class PostgresStore(BaseStore):
                       "body) FROM STDIN") as cp:
             for p in new:
                 k, c = seq_of[p.row.episode_id], p.row.created_at
-                for t in p.turns:
+                for t in p.turn_rows():
                     cp.write_row((k, c, t.seq, t.path_index, t.turn_id, t.parent_id, t.reward, t.timings, t.body))
 
     # --- read ----------------------------------------------------------------------------------

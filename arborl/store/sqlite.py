@@ -6,11 +6,13 @@ Layout (``LAYOUT_VERSION`` in table ``store_meta``; a newer layout is refused on
   without its turns. ``seq`` (integer primary key) is the insertion order and keyset tiebreak.
   Indexes: ``episode_id`` and ``content_hash`` unique; (task_type, created_at);
   (created_at); (policy_version, created_at); (source, iteration).
-* ``turns``: one row per turn with the turn's position on the main path; its token arrays are
-  packed binary columns when exact (:mod:`arborl.store.packing`), the rest is JSON. Its integer primary
-  key is ``(episode seq << 20) | creation order``, so the turns of an episode are adjacent in the
-  table b-tree (no second index, and rows up to ~4 KB stay on their page). ``slice`` reads only
-  the rows it returns; no other turn is decoded.
+* ``turn_records``: one row per turn with the turn's position on the main path, its ids, step
+  reward and timings, and its frames of the canonical form (token arrays packed; see
+  :mod:`arborl.store.sqlite_turns`). Its integer primary key is ``(episode seq << 20) | creation
+  order``, so the turns of an episode are adjacent in the table b-tree (no second index, and rows
+  up to ~4 KB stay on their page). ``slice`` reads only the rows it returns; no other turn is
+  decoded. Stores written with layout 1 keep their turns in table ``turns`` and are read as well
+  (opening one adds ``turn_records`` and marks it layout 2).
 * ``tags``: (tag, episode seq) for tag filters.
 
 Writes run in ``BEGIN IMMEDIATE`` transactions in WAL mode: one ``put_many`` is atomic, several
@@ -41,25 +43,23 @@ from arborl.store.base import (
     StoreConfig,
     StoreError,
     check_group_by,
+    check_schema_version,
 )
 from arborl.store.blob import BlobStore, FileBlobStore
-from arborl.store.codec import (
-    Prepared,
-    TurnRow,
-    dedup_batch,
-    episode_from,
-    gc_paused,
-    parse_bodies,
-    prepare_many,
-    turn_dict,
-    turns_from,
-)
+from arborl.store.codec import Prepared, dedup_batch, episode_from, gc_paused, prepare_many, turns_from
 from arborl.store.common import BaseStore, expiry_rules, keyset_condition, sql_where
-from arborl.store.packing import unpack_into
+from arborl.store.sqlite_turns import (
+    INSERT_RECORD,
+    RECORDS_TABLE,
+    delete_turns,
+    read_path,
+    read_turns,
+    record_rows,
+)
 from arborl.trajectory.schema import Episode, SchemaError, Turn
 
-LAYOUT_VERSION = 1
-"""Version of the table layout below; bump on incompatible changes."""
+LAYOUT_VERSION = 2
+"""Version of the table layout below; bump on incompatible changes. 2: turns in ``turn_records``."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS store_meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -76,27 +76,14 @@ CREATE INDEX IF NOT EXISTS episodes_type_time ON episodes(task_type, created_at)
 CREATE INDEX IF NOT EXISTS episodes_time ON episodes(created_at);
 CREATE INDEX IF NOT EXISTS episodes_policy_time ON episodes(policy_version, created_at);
 CREATE INDEX IF NOT EXISTS episodes_source_iter ON episodes(source, iteration);
-CREATE TABLE IF NOT EXISTS turns(
-  id INTEGER PRIMARY KEY, path_index INTEGER, turn_id TEXT NOT NULL, parent_id TEXT,
-  reward REAL NOT NULL, timings TEXT NOT NULL, body TEXT NOT NULL,
-  prompt_ids BLOB, output_ids BLOB, output_logprobs BLOB, output_mask BLOB);
 CREATE TABLE IF NOT EXISTS tags(tag TEXT NOT NULL, ep INTEGER NOT NULL, PRIMARY KEY(tag, ep)) WITHOUT ROWID;
-"""
+""" + RECORDS_TABLE
 
 ROW_COLUMNS = ("episode_id", "task_id", "task_type", "group_id", "source", "iteration", "policy_version",
                "reward", "success", "n_turns", "n_nodes", "stop_reason", "content_hash", "created_at",
                "tags", "schema_version")
 _SELECT_ROW = "SELECT seq, " + ", ".join(ROW_COLUMNS) + " FROM episodes"
 _CHUNK = 500  # stay well under SQLite's bound-parameter limit
-TURN_BITS = 20
-"""Turn row id = (episode seq << TURN_BITS) | turn creation order: up to 2**20 turns per episode."""
-_TURN_COLS = "turn_id, parent_id, timings, body, prompt_ids, output_ids, output_logprobs, output_mask"
-_TURNS_OF = f"SELECT id >> 20, {_TURN_COLS} FROM turns WHERE id >= ? AND id < ? ORDER BY id"
-
-
-def _packed(t: TurnRow) -> tuple[Any, ...]:
-    """(body, prompt_ids, output_ids, output_logprobs, output_mask) column values of a turn."""
-    return (t.body, *(t.blobs or (None, None, None, None)))
 
 
 def _row(r: Sequence[Any]) -> IndexRow:
@@ -147,13 +134,17 @@ class SQLiteStore(BaseStore):
                 if stmt.strip():
                     self._db.execute(stmt)
             row = self._db.execute("SELECT value FROM store_meta WHERE key='layout_version'").fetchone()
-            if row is None:
-                self._db.execute("INSERT INTO store_meta VALUES('layout_version', ?)", (str(LAYOUT_VERSION),))
-            elif int(row[0]) > LAYOUT_VERSION:
+            if row is not None and int(row[0]) > LAYOUT_VERSION:
                 raise StoreError(
                     f"{self.path} has store layout version {row[0]}, written by a newer arborl; this arborl "
                     f"reads layout <= {LAYOUT_VERSION}. Upgrade arborl to open it."
                 )
+            # Layout 1 -> 2 adds turn_records (above) for new episodes and keeps the old turns table
+            # for reading; the new version number keeps older arborl, which would miss those
+            # turns, from opening the store.
+            self._db.execute("INSERT OR REPLACE INTO store_meta VALUES('layout_version', ?)", (str(LAYOUT_VERSION),))
+            self._legacy = self._db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'turns'").fetchone() is not None
 
     def _write(self) -> _Tx:
         return _Tx(self._db, self._lock)
@@ -170,7 +161,7 @@ class SQLiteStore(BaseStore):
                 Nothing from the call is stored.
         """
         with gc_paused():
-            prepared = prepare_many(episodes, pack=True)
+            prepared = prepare_many(episodes)
             unique, alias = dedup_batch(prepared)
             with self._write():
                 existing = self._existing(unique)
@@ -210,14 +201,10 @@ class SQLiteStore(BaseStore):
                             r.iteration, r.policy_version, r.reward, r.success, r.n_turns, r.n_nodes,
                             r.stop_reason, r.created_at, json.dumps(r.tags) if r.tags else "[]", r.schema_version,
                             p.meta))
-            if len(p.turns) >= 1 << TURN_BITS:
-                raise StoreError(f"episode {r.episode_id} has {len(p.turns)} turns; the SQLite store holds "
-                                 f"at most {(1 << TURN_BITS) - 1} per episode")
-            turn_rows += [((k << TURN_BITS) | t.seq, t.path_index, t.turn_id, t.parent_id, t.reward, t.timings,
-                           *_packed(t)) for t in p.turns]
+            turn_rows += record_rows(k, p.turns, r.episode_id)
             tag_rows += [(tag, k) for tag in set(r.tags)]
         self._db.executemany(f"INSERT INTO episodes VALUES ({','.join('?' * 18)})", ep_rows)
-        self._db.executemany("INSERT INTO turns VALUES (?,?,?,?,?,?,?,?,?,?,?)", turn_rows)
+        self._db.executemany(INSERT_RECORD, turn_rows)
         self._db.executemany("INSERT INTO tags VALUES (?,?)", tag_rows)
 
     # --- read ----------------------------------------------------------------------------------
@@ -261,14 +248,9 @@ class SQLiteStore(BaseStore):
                 for seq, eid, sv, meta in self._db.execute(
                         f"SELECT seq, episode_id, schema_version, meta FROM episodes WHERE episode_id IN ({marks})",
                         part):
+                    check_schema_version(eid, sv)  # before decoding turns a newer arborl wrote
                     metas[eid] = (seq, sv, meta)
-                got = []
-                for e in part:
-                    if e in metas:
-                        k = metas[e][0]
-                        got += self._db.execute(_TURNS_OF, (k << TURN_BITS, (k + 1) << TURN_BITS)).fetchall()
-                for r, td in zip(got, parse_bodies([r[4] for r in got]), strict=True):
-                    bodies.setdefault(r[0], []).append(turn_dict(r[1], r[2], r[3], unpack_into(td, r[5:])))
+                bodies.update(read_turns(self._db, [metas[e][0] for e in part if e in metas], self._legacy))
         out = []
         for eid in ids:
             if eid not in metas:
@@ -289,11 +271,8 @@ class SQLiteStore(BaseStore):
                 "SELECT seq, schema_version FROM episodes WHERE episode_id = ?", (episode_id,)).fetchone()
             if head is None:
                 raise EpisodeNotFound(episode_id)
-            k = head[0]
-            tds = [turn_dict(r[0], r[1], r[2], unpack_into(json.loads(r[3]), r[4:])) for r in self._db.execute(
-                f"SELECT {_TURN_COLS} FROM turns WHERE id >= ? AND id < ? AND path_index >= ? "
-                "AND path_index < ? ORDER BY path_index",
-                (k << TURN_BITS, (k + 1) << TURN_BITS, start, 2**62 if stop is None else stop))]
+            check_schema_version(episode_id, head[1])
+            tds = read_path(self._db, head[0], start, stop, self._legacy)
         return turns_from(episode_id, head[1], tds)
 
     def count(self, **filters: Any) -> int:
@@ -356,8 +335,7 @@ class SQLiteStore(BaseStore):
                     conds.append(f"task_type NOT IN ({','.join('?' * len(exclude))})")
                     args += exclude
                 gone = self._db.execute(f"SELECT seq, tags FROM episodes WHERE {' AND '.join(conds)}", args).fetchall()
-                self._db.executemany("DELETE FROM turns WHERE id >= ? AND id < ?",
-                                     [(k << TURN_BITS, (k + 1) << TURN_BITS) for k, _ in gone])
+                delete_turns(self._db, [k for k, _ in gone], self._legacy)
                 self._db.executemany("DELETE FROM tags WHERE tag = ? AND ep = ?",
                                      [(tag, k) for k, tags in gone for tag in set(json.loads(tags))])
                 deleted += self._db.execute(f"DELETE FROM episodes WHERE {' AND '.join(conds)}", args).rowcount

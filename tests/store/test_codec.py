@@ -20,8 +20,7 @@ from storekit import make_episode
 
 from arborl.store import open_store
 from arborl.store.codec import prepare
-from arborl.store.packing import pack_arrays, unpack_into
-from arborl.trajectory.canonical import CANONICAL_ARRAYS, canonical_turns
+from arborl.trajectory.canonical import CANONICAL_ARRAYS, canonical_turns, pack_array, split_record, unpack_array
 from arborl.trajectory.schema import Episode, MediaRef, ToolCall, Turn
 
 
@@ -180,7 +179,7 @@ def test_equal_content_hashes_equal_whatever_the_ids_and_timestamps():
         t.turn_id, t.parent_id = renamed[t.turn_id], None if t.parent_id is None else renamed[t.parent_id]
         t.timings = {"generate": 0.5}
     other.turns[0].prompt_ids = tuple(other.turns[0].prompt_ids)  # same JSON value: a tuple packs like a list
-    assert other.content_hash() == ep.content_hash() == prepare(other, pack=True).row.content_hash
+    assert other.content_hash() == ep.content_hash() == prepare(other).row.content_hash
 
 
 def test_content_hash_refuses_non_finite_numbers_like_json():
@@ -269,9 +268,8 @@ def test_packed_turns_read_back_exactly(tmp_path_factory, prompt, out, int_logpr
     ],
 )
 def test_pack_only_when_exact(field, values, packed):
-    d = {"prompt_ids": [], "output_ids": [], "output_logprobs": [], "output_mask": [], "x": 1, field: values}
-    rest, blobs = pack_arrays(d)
-    assert (field not in rest) is packed
-    assert rest["x"] == 1
-    back = unpack_into(dict(rest), blobs)
-    assert back[field] == values and [type(v) for v in back[field]] == [type(v) for v in values]
+    code = {"prompt_ids": "i", "output_logprobs": "d", "output_mask": "b"}[field]
+    got = pack_array(values, code)
+    assert isinstance(got, bytes) is packed
+    back = unpack_array(got, code) if packed else json.loads(got)
+    assert back == values and [type(v) for v in back] == [type(v) for v in values]

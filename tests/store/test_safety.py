@@ -90,7 +90,7 @@ def test_kill_9_during_bulk_ingest_leaves_a_clean_store(tmp_path):
         n = store.count()
         assert n >= last + 1  # every acknowledged put_many is there
         assert n % 200 == 0  # whole batches only: no partial put_many
-        turns = store._db.execute("SELECT COUNT(*) FROM turns").fetchone()[0]
+        turns = store._db.execute("SELECT COUNT(*) FROM turn_records").fetchone()[0]
         assert turns == 8 * n  # no episode without its turns, no orphan turns
         assert store.get(f"ep{last:06d}").turns[-1].turn_id == "t7"
 
@@ -111,4 +111,4 @@ def test_four_concurrent_writers_with_overlapping_duplicates(tmp_path):
         assert ids == {f"ep{i:06d}" for i in range(900)}
         hashes = store._db.execute("SELECT COUNT(DISTINCT content_hash) FROM episodes").fetchone()[0]
         assert hashes == 900
-        assert store._db.execute("SELECT COUNT(*) FROM turns").fetchone()[0] == 900 * 8
+        assert store._db.execute("SELECT COUNT(*) FROM turn_records").fetchone()[0] == 900 * 8

@@ -23,7 +23,7 @@ def test_expire_removes_turns_and_tags_too(sqlite_url):
     with open_store(sqlite_url) as store:
         store.put_many([make_episode(0, created_at=100.0, tags=["x", "y"]), make_episode(1, created_at=10_000.0)])
         assert store.expire(older_than=timedelta(seconds=1000), now=5000.0) == 1
-        assert store._db.execute("SELECT COUNT(*) FROM turns").fetchone()[0] == 4
+        assert store._db.execute("SELECT COUNT(*) FROM turn_records").fetchone()[0] == 4
         assert store._db.execute("SELECT COUNT(*) FROM tags").fetchone()[0] == 0
 
 
@@ -38,7 +38,7 @@ def test_queries_use_indexes(sqlite_url):
         p = plan("SELECT seq FROM episodes WHERE task_type = ? AND (created_at < ? OR (created_at = ? AND seq < ?)) "
                  "ORDER BY created_at DESC, seq DESC LIMIT 100", ("search", 1.0, 1.0, 5))
         assert "episodes_type_time" in p and "TEMP B-TREE" not in p
-        p = plan("SELECT body FROM turns WHERE id >= ? AND id < ? AND path_index >= ? AND path_index < ?",
+        p = plan("SELECT record FROM turn_records WHERE id >= ? AND id < ? AND path_index >= ? AND path_index < ?",
                  (1 << 20, 2 << 20, 3, 6))
         assert "INTEGER PRIMARY KEY (rowid>? AND rowid<?)" in p and "SCAN" not in p
         p = plan("SELECT seq FROM episodes WHERE content_hash IN (?)", ("x",))
