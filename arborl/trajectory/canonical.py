@@ -90,7 +90,6 @@ class CanonicalTurn(NamedTuple):
         mid: ``"parent_id":...,"policy_version":...`` (keys between ``output_mask`` and ``prompt_ids``).
         tail: ``"result":...`` through ``"valid":...`` (keys after ``prompt_ids``).
         rest: ``{head,mid,tail}``: the turn's JSON without its four token arrays.
-        arrays: Per :data:`CANONICAL_ARRAYS`: packed bytes (see :func:`pack_array`) or JSON text.
         record: The turn's frames of :func:`canonical_episode`.
     """
 
@@ -98,8 +97,17 @@ class CanonicalTurn(NamedTuple):
     mid: str
     tail: str
     rest: str
-    arrays: tuple[bytes | str, bytes | str, bytes | str, bytes | str]
     record: bytes
+
+    @property
+    def arrays(self) -> tuple[bytes | str, ...]:
+        """Per :data:`CANONICAL_ARRAYS`: packed bytes (see :func:`pack_array`) or JSON text, from :attr:`record`."""
+        pos, out = 9 + len(self.rest), []
+        for _ in CANONICAL_ARRAYS:
+            tag, n = _HEADER(self.record, pos)
+            data, pos = self.record[pos + 9:pos + 9 + n], pos + 9 + n
+            out.append(data.decode() if tag == b"j" else data)
+        return tuple(out)
 
     def text(self, packed: bool = False) -> str:
         """The turn's canonical JSON; with ``packed``, the arrays held as bytes are left out."""
@@ -124,6 +132,37 @@ def _record(rest: str, arrays: tuple[bytes | str, ...]) -> bytes:
             a, code = a.encode(), b"j"
         parts += (_FRAME(code, len(a)), a)
     return b"".join(parts)
+
+
+def _packed_record(rest: str, oi: Any, ol: Any, om: Any, pi: Any) -> bytes | None:
+    """:func:`_record` when all four arrays pack (the usual turn), or ``None``.
+
+    The checks are :func:`pack_array`'s (exact element types, int32 ids, 0/1 mask, finite
+    log-probs); the three output arrays, which a valid turn has of one length, go through one
+    cached Struct with their frame headers, and ``prompt_ids`` through a second.
+    """
+    if not (type(oi) is list and type(ol) is list and type(om) is list and type(pi) is list):
+        return None
+    n, m = len(oi), len(pi)
+    if (len(ol) != n or len(om) != n or n > _STRUCT_MAX or m > _STRUCT_MAX
+            or countOf(map(type, oi), int) != n or countOf(map(type, ol), float) != n
+            or countOf(map(type, om), int) != n or countOf(map(type, pi), int) != m
+            or countOf(om, 1) + countOf(om, 0) != n):
+        return None
+    if (s := sum(ol)) - s != 0.0 and not all(map(math.isfinite, ol)):  # a finite sum: all finite, one C pass
+        return None
+    out = _OUTPUT_FRAMES.get(n)
+    if out is None:
+        out = _OUTPUT_FRAMES[n] = struct.Struct(f"<cQ{n}icQ{n}dcQ{n}b").pack
+    prompt = _PROMPT_FRAMES.get(m)
+    if prompt is None:
+        prompt = _PROMPT_FRAMES[m] = struct.Struct(f"<cQ{m}i").pack
+    r = rest.encode()
+    try:
+        return b"".join((_FRAME(b"t", len(r)), r, out(b"i", 4 * n, *oi, b"d", 8 * n, *ol, b"b", n, *om),
+                         prompt(b"i", 4 * m, *pi)))
+    except (OverflowError, struct.error):  # an id outside int32
+        return None
 
 
 def _json(v: Any) -> str:
@@ -168,6 +207,8 @@ def _tool_call_json(v: ToolCall) -> str:
 # arrays; its Structs are cached per length up to _STRUCT_MAX (longer arrays go through array).
 _STRUCT_MAX = 4096
 _STRUCTS: dict[tuple[str, int], Callable[..., bytes]] = {}
+_OUTPUT_FRAMES: dict[int, Callable[..., bytes]] = {}  # by output length: frames i, d, b with headers
+_PROMPT_FRAMES: dict[int, Callable[..., bytes]] = {}  # by prompt length: frame i with its header
 
 
 def _packer(code: str, n: int) -> Callable[..., bytes] | None:
@@ -340,13 +381,12 @@ def canonical_turns(ep: Episode) -> list[CanonicalTurn]:
         mid = f'"parent_id":{parent},"policy_version":{pv}'
         tail = (f'"result":{result},"reward":{reward},"state_key":{state_key},"terminated":{term},'
                 f'"tool_call":{tool},"truncated":{trunc},"turn_id":{i},"valid":{valid}')
-        arrays = (_pack_ids(t.output_ids), _pack_logprobs(t.output_logprobs), _pack_mask(t.output_mask),
-                  _pack_ids(t.prompt_ids))
-        if None in arrays:  # not a plain list of exact values: the general rule decides
-            arrays = (pack_array(t.output_ids, "i"), pack_array(t.output_logprobs, "d"),
-                      pack_array(t.output_mask, "b"), pack_array(t.prompt_ids, "i"))
         rest = f"{{{head},{mid},{tail}}}"
-        out.append(CanonicalTurn(head, mid, tail, rest, arrays, _record(rest, arrays)))
+        record = _packed_record(rest, t.output_ids, t.output_logprobs, t.output_mask, t.prompt_ids)
+        if record is None:  # not plain lists of exact values: the general rule decides, array by array
+            record = _record(rest, (pack_array(t.output_ids, "i"), pack_array(t.output_logprobs, "d"),
+                                    pack_array(t.output_mask, "b"), pack_array(t.prompt_ids, "i")))
+        out.append(CanonicalTurn(head, mid, tail, rest, record))
     return out
 
 
