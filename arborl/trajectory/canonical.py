@@ -316,6 +316,8 @@ def _split_record(record: bytes) -> tuple[bytes, list[list[Any]]]:
     for code, packed in zip(ARRAY_CODES, _CODE_TAGS, strict=True):
         tag, n = _HEADER(record, pos)
         start, pos = pos + 9, pos + 9 + n
+        if pos > len(record):
+            raise ValueError(f"not a canonical turn record: a {tag!r} frame runs {pos - len(record)} bytes past its end")
         if tag == packed:
             arrays.append(unpack_array(view[start:pos], code))
         elif tag == b"j":

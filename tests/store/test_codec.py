@@ -20,7 +20,13 @@ from storekit import make_episode
 
 from arborl.store import open_store
 from arborl.store.codec import prepare
-from arborl.trajectory.canonical import CANONICAL_ARRAYS, canonical_turns, pack_array, split_record, unpack_array
+from arborl.trajectory.canonical import (
+    CANONICAL_ARRAYS,
+    canonical_turns,
+    pack_array,
+    split_record,
+    unpack_array,
+)
 from arborl.trajectory.schema import Episode, MediaRef, ToolCall, Turn
 
 
@@ -273,3 +279,16 @@ def test_pack_only_when_exact(field, values, packed):
     assert isinstance(got, bytes) is packed
     back = unpack_array(got, code) if packed else json.loads(got)
     assert back == values and [type(v) for v in back] == [type(v) for v in values]
+
+
+def test_split_record_gives_back_the_rest_and_the_arrays_and_refuses_other_bytes():
+    for ep in odd_episodes():
+        for c, t in zip(canonical_turns(ep), ep.turns, strict=True):
+            rest, arrays = split_record(c.record)
+            assert rest.decode() == c.rest
+            want = [json.loads(json.dumps(list(getattr(t, n)))) for n in CANONICAL_ARRAYS]
+            assert arrays == want and [list(map(type, a)) for a in arrays] == [list(map(type, a)) for a in want]
+    record = canonical_turns(make_episode(1))[0].record
+    for bad in (record[:-1], record + b"\0", record[:5], b"x" + record[1:], record.replace(b"d\x10", b"q\x10", 1)):
+        with pytest.raises(ValueError, match="not a canonical turn record"):
+            split_record(bad)
