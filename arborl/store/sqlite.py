@@ -244,22 +244,23 @@ class SQLiteStore(BaseStore):
         ids = list(episode_ids)
         metas: dict[str, tuple[int, int, str]] = {}
         bodies: dict[int, list[dict[str, Any]]] = {}
-        with self._lock:
-            for i in range(0, len(ids), _CHUNK):
-                part = ids[i:i + _CHUNK]
-                marks = ",".join("?" * len(part))
-                for seq, eid, sv, meta in self._db.execute(
-                        f"SELECT seq, episode_id, schema_version, meta FROM episodes WHERE episode_id IN ({marks})",
-                        part):
-                    check_schema_version(eid, sv)  # before decoding turns a newer arborl wrote
-                    metas[eid] = (seq, sv, meta)
-                bodies.update(read_turns(self._db, [metas[e][0] for e in part if e in metas], self._legacy))
-        out = []
-        for eid in ids:
-            if eid not in metas:
-                raise EpisodeNotFound(eid)
-            seq, sv, meta = metas[eid]
-            out.append(episode_from(eid, sv, meta, bodies.get(seq, [])))
+        with gc_paused():  # a page of 100 episodes is ~100k new objects: no collections meanwhile
+            with self._lock:
+                for i in range(0, len(ids), _CHUNK):
+                    part = ids[i:i + _CHUNK]
+                    marks = ",".join("?" * len(part))
+                    for seq, eid, sv, meta in self._db.execute(
+                            f"SELECT seq, episode_id, schema_version, meta FROM episodes WHERE episode_id IN ({marks})",
+                            part):
+                        check_schema_version(eid, sv)  # before decoding turns a newer arborl wrote
+                        metas[eid] = (seq, sv, meta)
+                    bodies.update(read_turns(self._db, [metas[e][0] for e in part if e in metas], self._legacy))
+            out = []
+            for eid in ids:
+                if eid not in metas:
+                    raise EpisodeNotFound(eid)
+                seq, sv, meta = metas[eid]
+                out.append(episode_from(eid, sv, meta, bodies.get(seq, [])))
         return out
 
     def slice(self, episode_id: str, start: int = 0, stop: int | None = None) -> list[Turn]:
