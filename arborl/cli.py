@@ -25,6 +25,7 @@ CREDIT_ESTIMATORS: dict[str, Callable[[RLConfig], Callable[..., Tensor]]] = {
         credit.gigpo, gamma=rl.gamma, step_weight=rl.step_weight, norm_by_std=rl.norm_by_std,
         length_neutral=rl.length_neutral,
     ),
+    "best_step": lambda rl: functools.partial(credit.best_step, gamma=rl.gamma),
 }
 
 

@@ -6,6 +6,8 @@ Nothing here imports env, rollout or policy code.
 """
 
 from arborl.credit.advantages import (
+    best_return_weights,
+    best_return_weights_reference,
     dense_ids,
     discounted_returns,
     grpo_advantages,
@@ -13,10 +15,13 @@ from arborl.credit.advantages import (
     step_group_advantages,
     step_group_advantages_reference,
 )
-from arborl.credit.estimators import StepBatch, gigpo, grpo
+from arborl.credit.estimators import StepBatch, best_step, gigpo, grpo
 
 __all__ = [
     "StepBatch",
+    "best_return_weights",
+    "best_return_weights_reference",
+    "best_step",
     "dense_ids",
     "discounted_returns",
     "gigpo",

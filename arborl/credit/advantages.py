@@ -160,6 +160,46 @@ def step_group_advantages_reference(
     return out
 
 
+def best_return_weights(returns: Tensor, step_group: Tensor, *, tol: float = 1e-6) -> Tensor:
+    """Greedy policy-improvement targets within state groups.
+
+    In each group, the steps whose return is within ``tol`` of the group's best share weight 1
+    (``1 / count`` each) and every other step gets 0; a group whose returns are all equal
+    (including a singleton) gets 0 everywhere, since it cannot tell actions apart.
+
+    Args:
+        returns: ``[N]`` returns of each step (Monte-Carlo estimates of ``Q(s, a)``).
+        step_group: ``[N]`` dense ids of the state groups.
+        tol: Returns closer than this count as equal.
+
+    Returns:
+        ``[N]`` float32 weights in [0, 1]; each informative group sums to 1.
+    """
+    vals = returns.to(torch.float64)
+    n_seg = int(step_group.max().item()) + 1 if step_group.numel() else 0
+    best = torch.full((n_seg,), float("-inf"), dtype=vals.dtype).scatter_reduce(0, step_group, vals, "amax")
+    worst = torch.full((n_seg,), float("inf"), dtype=vals.dtype).scatter_reduce(0, step_group, vals, "amin")
+    is_best = (vals >= best[step_group] - tol) & ((best - worst) > tol)[step_group]
+    count = torch.zeros(n_seg, dtype=vals.dtype).index_add_(0, step_group, is_best.to(vals.dtype))
+    return torch.where(is_best, 1.0 / count[step_group].clamp_min(1), torch.zeros_like(vals)).to(torch.float32)
+
+
+def best_return_weights_reference(returns: list[float], step_group: list[int], *, tol: float = 1e-6) -> list[float]:
+    """Slow loop version of :func:`best_return_weights`, for tests."""
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(step_group):
+        members.setdefault(g, []).append(i)
+    out = [0.0] * len(returns)
+    for idx in members.values():
+        vals = [returns[i] for i in idx]
+        if max(vals) - min(vals) <= tol:
+            continue
+        top = [i for i in idx if returns[i] >= max(vals) - tol]
+        for i in top:
+            out[i] = 1.0 / len(top)
+    return out
+
+
 def dense_ids(*keys: Tensor) -> Tensor:
     """Map rows of equal key tuples to dense 0-based ids (first appearance order not kept)."""
     stacked = torch.stack([k.to(torch.int64) for k in keys], dim=1)  # (N, K)

@@ -6,6 +6,11 @@
   computed within anchor-state groups (same group, same environment state) on discounted
   returns, Eq. 8: ``A = A^E + w * A^S``.
 
+* :func:`best_step` — Monte-Carlo policy iteration over anchor-state groups: the steps whose
+  discounted return is the best of their state group are reinforced, nothing else. With branch
+  rollouts (every action tried at every visited state) this is a greedy improvement step on
+  ``Q^pi(s, .)`` estimated by the policy's own continuations.
+
 ``length_neutral=True`` scales each step's advantage by ``mean_turns / turns_of_its_episode``, so
 every episode carries the same total weight in a token-mean loss whatever its length. Without it a
 turn-invariant token (the end-of-turn token, a format word) receives a net gradient proportional
@@ -21,6 +26,7 @@ import torch
 from torch import Tensor
 
 from arborl.credit.advantages import (
+    best_return_weights,
     dense_ids,
     discounted_returns,
     grpo_advantages,
@@ -39,6 +45,12 @@ class StepBatch:
         anchor: ``[N]`` long, integer code of the state the step acted from.
         group: ``[E]`` long, GRPO group id of each episode.
         score: ``[E]`` float, the episode's outcome score used by GRPO.
+        active: ``[N]`` bool or None (all active): steps that get credit. An inactive step (a
+            branch's re-play of its trunk's turns) gets advantage 0, joins no step group and does
+            not count towards its episode's length.
+        sampled: ``[E]`` bool or None (all sampled): episodes drawn from the policy at the group's
+            start state. Only these enter the episode-level (GRPO) statistics; the others (branches,
+            which start with a forced action) get episode advantage 0.
     """
 
     episode: Tensor
@@ -47,6 +59,8 @@ class StepBatch:
     anchor: Tensor
     group: Tensor
     score: Tensor
+    active: Tensor | None = None
+    sampled: Tensor | None = None
 
     def __post_init__(self) -> None:
         n, e = self.episode.numel(), self.group.numel()
@@ -57,15 +71,38 @@ class StepBatch:
             raise ValueError(f"StepBatch.score has {self.score.numel()} entries, expected {e} (one per episode)")
         if n and int(self.episode.max()) >= e:
             raise ValueError("StepBatch.episode refers to an episode id >= len(group)")
+        for name, size in (("active", n), ("sampled", e)):
+            value = getattr(self, name)
+            if value is not None and (value.dtype != torch.bool or value.numel() != size):
+                raise ValueError(f"StepBatch.{name} must be a bool tensor of {size} entries (or None)")
 
     def turns_per_episode(self) -> Tensor:
-        return torch.bincount(self.episode, minlength=self.group.numel()).to(torch.float32)
+        """Active steps per episode."""
+        w = None if self.active is None else self.active.to(torch.float32)
+        return torch.bincount(self.episode, weights=w, minlength=self.group.numel()).to(torch.float32)
+
+    def step_active(self) -> Tensor:
+        return torch.ones_like(self.episode, dtype=torch.bool) if self.active is None else self.active
 
 
 def _length_weights(batch: StepBatch) -> Tensor:
     turns = batch.turns_per_episode()
-    mean = turns[turns > 0].mean() if (turns > 0).any() else torch.tensor(1.0)
+    # the mean length of the policy's samples sets the scale (branches are not samples)
+    base = turns[(turns > 0) & (batch.sampled if batch.sampled is not None else True)]
+    mean = base.mean() if base.numel() else torch.tensor(1.0)
     return (mean / turns.clamp_min(1))[batch.episode]
+
+
+def _episode_advantages(batch: StepBatch, *, norm_by_std: bool, eps: float) -> Tensor:
+    """``[E]`` GRPO advantages over the sampled episodes; 0 for the others."""
+    if batch.sampled is None:
+        return grpo_advantages(batch.score, batch.group, norm_by_std=norm_by_std, eps=eps)
+    out = torch.zeros_like(batch.score, dtype=torch.float32)
+    idx = batch.sampled.nonzero()[:, 0]
+    if idx.numel():
+        group = dense_ids(batch.group[idx])
+        out[idx] = grpo_advantages(batch.score[idx], group, norm_by_std=norm_by_std, eps=eps).to(torch.float32)
+    return out
 
 
 def grpo(batch: StepBatch, *, norm_by_std: bool = True, eps: float = 1e-6, length_neutral: bool = False) -> Tensor:
@@ -74,7 +111,8 @@ def grpo(batch: StepBatch, *, norm_by_std: bool = True, eps: float = 1e-6, lengt
     Returns:
         ``[N]`` float32 step advantages.
     """
-    adv = grpo_advantages(batch.score, batch.group, norm_by_std=norm_by_std, eps=eps)[batch.episode]
+    adv = _episode_advantages(batch, norm_by_std=norm_by_std, eps=eps)[batch.episode]
+    adv = adv * batch.step_active()
     return adv * _length_weights(batch) if length_neutral else adv
 
 
@@ -95,9 +133,35 @@ def gigpo(
     Returns:
         ``[N]`` float32 step advantages.
     """
-    a_ep = grpo_advantages(batch.score, batch.group, norm_by_std=norm_by_std, eps=eps)[batch.episode]
+    a_ep = _episode_advantages(batch, norm_by_std=norm_by_std, eps=eps)[batch.episode]
     returns = discounted_returns(batch.reward, batch.episode, batch.step, gamma=gamma)
-    step_group = dense_ids(batch.group[batch.episode], batch.anchor)
+    active = batch.step_active()
+    # An inactive step is its own singleton group (A^S = 0) so it does not shift anyone's baseline.
+    anchor = torch.where(active, batch.anchor, -1 - torch.arange(active.numel()))
+    step_group = dense_ids(batch.group[batch.episode], anchor)
     a_step = step_group_advantages(returns, step_group, norm_by_std=norm_by_std, eps=eps)
-    adv = a_ep + step_weight * a_step
+    adv = (a_ep + step_weight * a_step) * active
     return adv * _length_weights(batch) if length_neutral else adv
+
+
+def best_step(batch: StepBatch, *, gamma: float = 0.95, tol: float = 1e-6) -> Tensor:
+    """Reinforce the best action of every state: approximate policy iteration.
+
+    Each active step's discounted return estimates ``Q(s, a)`` for the action it took. Within a
+    step group (same episode group, same anchor state) the steps with the best return share
+    advantage 1 and all others get 0 (:func:`~arborl.credit.advantages.best_return_weights`), so
+    the update is a cross-entropy step towards the greedy action of the estimated ``Q``:
+    its push on an action fades as the policy already prefers it (unlike a normalised
+    advantage, which sharpens a confident policy further every iteration), and it never pushes
+    an action down, which spreads mass over the whole vocabulary. States whose actions all
+    returned the same carry no signal. Group membership and ``sampled`` play no role: a branch's
+    forced action competes on its return alone.
+
+    Returns:
+        ``[N]`` float32 step advantages in [0, 1]; each informative state group sums to 1.
+    """
+    returns = discounted_returns(batch.reward, batch.episode, batch.step, gamma=gamma)
+    active = batch.step_active()
+    anchor = torch.where(active, batch.anchor, -1 - torch.arange(active.numel()))
+    step_group = dense_ids(batch.group[batch.episode], anchor)
+    return best_return_weights(returns, step_group, tol=tol) * active

@@ -88,3 +88,11 @@ class EpisodeSpec:
     """Seed passed to ``env.reset``."""
     options: dict[str, Any] | None = None
     """Options passed to ``env.reset``."""
+    replay: tuple[tuple[int, ...], ...] = ()
+    """Output token ids fed (not sampled) as the first turns: a branch re-plays its trunk's turns
+    to reach the state it branches from. Replayed turns are recorded with loss mask 0."""
+    branch_action: str | None = None
+    """Action text forced as the turn after ``replay`` (trained on, mask 1); the policy samples
+    from there on. Used to try every action of a finite action set at a visited state."""
+    metadata: dict[str, Any] | None = None
+    """Copied into ``Episode.metadata`` (e.g. which trunk and turn a branch comes from)."""

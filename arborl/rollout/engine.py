@@ -36,6 +36,12 @@ Threads. The engine leaves ``torch.set_num_threads`` to the caller. For tiny pol
 CPU, one thread per process is fastest: intra-op threads add a barrier to every small op
 (see ``bench/rollout.py``).
 
+Forced turns. An :class:`~arborl.rollout.config.EpisodeSpec` may carry ``replay`` (output ids
+fed instead of sampled for its first turns, recorded with loss mask 0) and ``branch_action`` (an
+action text forced as the next turn, trained on); the policy samples from there on. Forced
+tokens still get the policy's log-probs, so the log-prob invariant holds for them too. This is
+how :mod:`arborl.rollout.branch` tries every action at a visited state.
+
 Errors. An exception in ``reset``, ``step``, ``format_observation`` or ``state_key`` (or in a
 scripted policy) is recorded (``Turn.error``, or ``Episode.metadata["error"]`` when no turn
 exists) and stops that episode with stop_reason "env_error"; the rest of the batch goes on.
@@ -72,6 +78,7 @@ class _Live:
     obs_text: str
     prompt: list[int]
     state_key: str | None
+    spec: EpisodeSpec | None = None
     n_tokens: int = 0
     returns: float = 0.0
     success: float | None = None
@@ -171,7 +178,8 @@ def _play_turn(
     for slot in slots:
         lv = live[slot][1]
         budget = min(cfg.sampling.max_new_tokens, limit - lv.n_tokens - len(lv.prompt) - 1)
-        requests.append(TurnRequest(slot=slot, prompt_ids=lv.prompt, max_new_tokens=budget, env=lv.env))
+        requests.append(TurnRequest(slot=slot, prompt_ids=lv.prompt, max_new_tokens=budget, env=lv.env,
+                                    forced_ids=_forced_ids(lv, renderer)))
     t0 = time.perf_counter()
     outs = session.generate(requests)
     gen_s = time.perf_counter() - t0
@@ -181,6 +189,18 @@ def _play_turn(
         if stop is not None:
             ended.append((slot, stop))
     return ended
+
+
+def _forced_ids(lv: _Live, renderer: ChatRenderer) -> list[int] | None:
+    """The tokens this turn must feed instead of sampling: a replayed turn or the branch action."""
+    spec, k = lv.spec, len(lv.episode.turns)
+    if spec is None:
+        return None
+    if k < len(spec.replay):
+        return list(spec.replay[k])
+    if k == len(spec.replay) and spec.branch_action is not None:
+        return renderer.encode_response(spec.branch_action)
+    return None
 
 
 def _start(
@@ -206,6 +226,10 @@ def _start(
     )
     if spec.options is not None and _is_jsonable(spec.options):
         ep.metadata["options"] = spec.options
+    if spec.metadata:
+        ep.metadata.update(spec.metadata)
+    if spec.replay or spec.branch_action is not None:
+        ep.metadata["replayed_turns"] = len(spec.replay)
     try:
         if factory_error is not None:
             raise RuntimeError(factory_error)
@@ -218,7 +242,8 @@ def _start(
         ep.metadata["error"] = factory_error or f"reset failed: {type(exc).__name__}: {exc}"
         ep.rewards = {"success": None, "return": 0.0}
         return ep
-    return _Live(episode=ep, env=env, slot=slot, obs_text=observation_text(shown), prompt=prompt, state_key=key)
+    return _Live(episode=ep, env=env, slot=slot, obs_text=observation_text(shown), prompt=prompt, state_key=key,
+                 spec=spec)
 
 
 def _advance(
@@ -234,7 +259,8 @@ def _advance(
         prompt_ids=list(lv.prompt),
         output_ids=out.ids,
         output_logprobs=out.logprobs,
-        output_mask=out.mask,
+        # A replayed turn is the trunk's decision, not this episode's: it is never trained on.
+        output_mask=[0] * len(out.ids) if lv.spec is not None and len(ep.turns) < len(lv.spec.replay) else out.mask,
         state_key=lv.state_key,
         policy_version=policy_version,
         timings={"generate": gen_s},

@@ -31,6 +31,9 @@ class TurnRequest:
     prompt_ids: list[int]
     max_new_tokens: int
     env: Any = None
+    forced_ids: list[int] | None = None
+    """Feed these output tokens instead of sampling (end-of-turn token included); their log-probs
+    under the policy are still recorded. Used to replay a prefix or to try a given action."""
 
 
 @dataclass
@@ -131,13 +134,14 @@ class LMSession:
             if not chunk:
                 raise ValueError(f"slot {s}: empty prompt chunk; every turn needs at least one new token")
             chunks.append(chunk)
-        limits = [by_slot[s].max_new_tokens for s in self._rows]
+        forced = [by_slot[s].forced_ids for s in self._rows]
+        limits = [by_slot[s].max_new_tokens if f is None else len(f) for s, f in zip(self._rows, forced, strict=True)]
         if min(limits) < 1:
-            raise ValueError("max_new_tokens must be >= 1 for every request")
+            raise ValueError("max_new_tokens must be >= 1 for every request (and forced_ids must not be empty)")
         if self._mask.shape[1] and self._waste() > COMPACT_WASTE:
             self._compact()
         logits = self._prefill(chunks)
-        outs = self._decode(logits, limits)
+        outs = self._decode(logits, limits, forced)
         return [outs[self._rows.index(r.slot)] for r in requests]
 
     # --- cache rows -------------------------------------------------------------------------
@@ -217,14 +221,17 @@ class LMSession:
         self._n_real = self._n_real + new_mask.sum(1)
         return logits
 
-    def _decode(self, logits: torch.Tensor, limits: list[int]) -> list[TurnOutput]:
+    def _decode(self, logits: torch.Tensor, limits: list[int], forced: list[list[int] | None]) -> list[TurnOutput]:
         b = logits.shape[0]
         limit = torch.tensor(limits, device=self.device)
         done = torch.zeros(b, dtype=torch.bool, device=self.device)
         n_out = torch.zeros(b, dtype=torch.long, device=self.device)  # tokens generated per row
         steps_tok, steps_lp = [], []
+        force_rows = [r for r, f in enumerate(forced) if f is not None]
         for step in range(max(limits)):
             tok, lp = sample_next(logits, self.sampling, self.generator)  # (B,), (B,)
+            if force_rows:
+                tok, lp = self._force(logits, tok, lp, forced, force_rows, step)
             steps_tok.append(tok)
             steps_lp.append(lp)
             n_out += (~done).long()
@@ -237,6 +244,22 @@ class LMSession:
             logits = self._forward(feed[:, None], live[:, None], self._n_real[:, None])
             self._n_real = self._n_real + live
         return self._collect(torch.stack(steps_tok, 1), torch.stack(steps_lp, 1), n_out)
+
+    def _force(
+        self, logits: torch.Tensor, tok: torch.Tensor, lp: torch.Tensor, forced: list[list[int] | None],
+        rows: list[int], step: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replace the sampled token of forced rows by their given token, with its log-prob."""
+        tok, lp = tok.clone(), lp.clone()
+        live = [r for r in rows if step < len(forced[r])]  # type: ignore[arg-type]
+        if not live:
+            return tok, lp
+        idx = torch.tensor(live, device=self.device)
+        given = torch.tensor([forced[r][step] for r in live], device=self.device)  # type: ignore[index]
+        logp = torch.log_softmax(logits[idx].float() / self.sampling.logprob_temperature, dim=-1)
+        tok[idx] = given
+        lp[idx] = logp.gather(-1, given[:, None]).squeeze(-1)
+        return tok, lp
 
     def _collect(self, toks: torch.Tensor, lps: torch.Tensor, n_out: torch.Tensor) -> list[TurnOutput]:
         """Per-row outputs; remember each row's unfed tail (last token, forced end) as pending."""

@@ -15,7 +15,9 @@ import torch
 from torch import Tensor
 
 from arborl.credit import StepBatch
+from arborl.rollout.branch import credited_turns
 from arborl.trajectory import Episode, linearize
+from arborl.trajectory.schema import LinearView
 
 
 @dataclass
@@ -44,9 +46,26 @@ class TokenBatch:
         )
 
 
+def length_chunks(batch: TokenBatch, size: int) -> list[Tensor]:
+    """Row indices in chunks of ``size`` rows of similar length (sorted by length, ties by row).
+
+    Right padding makes a minibatch as wide as its longest row; when short and long episodes are
+    mixed (a branch is a few turns, a failing trunk many), random minibatches spend most of
+    their forward and backward pass on padding. Chunks of similar lengths do not; the trainer
+    shuffles the order of the chunks instead of the rows.
+    """
+    lengths = batch.attention_mask.sum(-1)
+    order = torch.sort(lengths, stable=True).indices
+    return list(order.split(size))
+
+
 def collate(episodes: Sequence[Episode], *, pad_id: int = 0) -> TokenBatch:
-    """Flatten each episode's main path into padded tensors; steps are numbered globally in order."""
-    views = [linearize(ep) for ep in episodes]
+    """Flatten each episode's main path into padded tensors; steps are numbered globally in order.
+
+    A branch episode is cut after its forced action turn: nothing later is trained on, so it
+    need not be in the forward pass.
+    """
+    views = [_trained_view(ep) for ep in episodes]
     width = max((len(v.input_ids) for v in views), default=1) or 1
     b = len(views)
     ids = torch.full((b, width), pad_id, dtype=torch.long)
@@ -66,6 +85,15 @@ def collate(episodes: Sequence[Episode], *, pad_id: int = 0) -> TokenBatch:
     return TokenBatch(ids, att, lmask, old, sot)
 
 
+def _trained_view(ep: Episode) -> LinearView:
+    view = linearize(ep)
+    first, stop = credited_turns(ep)
+    if "branch" not in ep.metadata or stop >= len(view.turns):
+        return view
+    n = sum(1 for k in view.turn_index if k < stop)
+    return LinearView(view.input_ids[:n], view.loss_mask[:n], view.logprobs[:n], view.turn_index[:n], view.turns)
+
+
 def step_batch(
     episodes: Sequence[Episode], *, score_key: str = "success", invalid_penalty: float = 0.0
 ) -> StepBatch:
@@ -74,20 +102,28 @@ def step_batch(
     The episode score is ``rewards[score_key]`` (``None`` counts as 0) plus ``invalid_penalty``
     per invalid action, so a malformed answer lowers the trajectory's advantage as well as its
     own step's return.
+
+    Branch episodes (:mod:`arborl.rollout.branch`) are not policy samples from the start state
+    (``sampled`` False), and only their forced action gets credit (``active``); the rewards of
+    their continuation still count in its return. A branch whose re-play diverged gets none.
     """
     group_ids: dict[str, int] = {}
     anchor_ids: dict[str, int] = {}
-    ep_idx, step, reward, anchor, group, score = [], [], [], [], [], []
+    ep_idx, step, reward, anchor, group, score, active, sampled = [], [], [], [], [], [], [], []
     for e, ep in enumerate(episodes):
         group.append(group_ids.setdefault(ep.group_id or ep.episode_id, len(group_ids)))
         base = ep.rewards.get(score_key)
+        replayed = int(ep.metadata.get("replayed_turns", 0))
+        sampled.append("branch" not in ep.metadata and replayed == 0)
+        first, stop = credited_turns(ep)
         penalty = 0.0
         for k, t in enumerate(ep.path()):
             ep_idx.append(e)
             step.append(k)
             reward.append(t.reward)
             anchor.append(anchor_ids.setdefault(t.state_key or f"{ep.episode_id}:{k}", len(anchor_ids)))
-            penalty += 0.0 if t.valid else invalid_penalty
+            active.append(first <= k < stop)
+            penalty += 0.0 if t.valid or k < replayed else invalid_penalty
         score.append((base or 0.0) + penalty)
     return StepBatch(
         episode=torch.tensor(ep_idx, dtype=torch.long),
@@ -96,6 +132,8 @@ def step_batch(
         anchor=torch.tensor(anchor, dtype=torch.long),
         group=torch.tensor(group, dtype=torch.long),
         score=torch.tensor(score, dtype=torch.float32),
+        active=None if all(active) else torch.tensor(active, dtype=torch.bool),
+        sampled=None if all(sampled) else torch.tensor(sampled, dtype=torch.bool),
     )
 
 

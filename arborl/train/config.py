@@ -119,7 +119,7 @@ class RLConfig:
     """Weight of the KL loss to the reference (start-of-RL) policy; 0 disables the reference model."""
     kl_kind: Literal["k1", "k2", "k3", "abs"] = "k3"
     entropy_coef: float = 0.0
-    credit: Literal["grpo", "gigpo"] = "gigpo"
+    credit: Literal["grpo", "gigpo", "best_step"] = "gigpo"
     """Credit estimator (see arborl.credit)."""
     gamma: float = 0.95
     """Discount of step returns (GiGPO)."""
@@ -134,6 +134,11 @@ class RLConfig:
     and in a token-mean loss they only dilute the step size of the informative ones)."""
     score_key: str = "success"
     """Which named episode reward is the outcome score."""
+    branch: bool = False
+    """After each group rollout, branch every visited state with every action no group member took
+    there and let the policy finish each branch (arborl.rollout.branch), so step-level credit
+    compares all actions even when the group agrees. Needs an env with a finite ``actions`` set
+    that is reproducible from its seed and actions."""
     grad_clip: float = 1.0
     weight_decay: float = 0.0
     checkpoint_every: int = 10

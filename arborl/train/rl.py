@@ -32,7 +32,8 @@ from arborl.env import Env
 from arborl.loss import ppo_clip_loss
 from arborl.policy import ChatRenderer, load_policy, save_policy, token_logprobs, token_logprobs_and_entropy
 from arborl.rollout import ModelPolicy, run_episodes
-from arborl.train.batch import TokenBatch, broadcast, collate, step_batch
+from arborl.rollout.branch import branch_specs
+from arborl.train.batch import TokenBatch, broadcast, collate, length_chunks, step_batch
 from arborl.train.common import (
     Metrics,
     load_trainer_state,
@@ -61,9 +62,11 @@ def _update(model, opt, cfg: TrainConfig, batch: TokenBatch, adv: Tensor, ref_lo
     rc, temp = cfg.rl, cfg.rollout.sampling.logprob_temperature
     sums: dict[str, float] = {}
     n = 0
+    chunks = length_chunks(batch, rc.minibatch_size)
+    tokens_per_chunk = max(float(batch.loss_mask.sum()) / len(chunks), 1.0)
     for _ in range(rc.ppo_epochs):
-        perm = torch.randperm(batch.input_ids.shape[0], generator=gen)
-        for mb in perm.split(rc.minibatch_size):
+        for c in torch.randperm(len(chunks), generator=gen).tolist():
+            mb = chunks[c]
             sub = batch.select(mb)
             w = sub.input_ids.shape[1]
             logp, ent = token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, temperature=temp)
@@ -74,7 +77,10 @@ def _update(model, opt, cfg: TrainConfig, batch: TokenBatch, adv: Tensor, ref_lo
                 entropy=ent, entropy_coef=rc.entropy_coef,
             )
             opt.zero_grad(set_to_none=True)
-            out.loss.backward()
+            # Token-mean per minibatch, rescaled so every trained token of the iteration weighs the
+            # same whichever (length-sorted) minibatch it lands in.
+            scale = float(sub.loss_mask.sum()) / tokens_per_chunk if rc.loss_agg == "token-mean" else 1.0
+            (out.loss * scale).backward()
             out.terms["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), rc.grad_clip))
             opt.step()
             for k, v in out.terms.items():
@@ -116,7 +122,11 @@ def train_rl(
     renderer = ChatRenderer(tok, cfg.policy.system_prompt or None)
     env = make_env()
     task_type = task_type_of(env)
+    actions = list(getattr(env, "actions", None) or [])
     env.close()
+    if rc.branch and not actions:
+        raise ValueError(f"rl.branch = true needs an env with a finite action set; {type(env).__name__} has no "
+                         "`actions` attribute. Add one (the action texts step() accepts) or set rl.branch = false")
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
 
     for it in progress(range(start_it, rc.iterations), "rl", total=rc.iterations - start_it):
@@ -124,8 +134,13 @@ def train_rl(
         offsets = torch.randint(0, cfg.env.train_seed_count, (rc.tasks_per_iter,), generator=task_gen).tolist()
         seeds = [cfg.env.train_seed_start + o for o in offsets]
         specs = specs_for(cfg, task_type, seeds, group_size=rc.group_size, group_prefix=f"rl{it}")
-        rolled = run_episodes(ModelPolicy(model, renderer), make_env, specs, cfg.rollout, generator=gen,
+        policy = ModelPolicy(model, renderer)
+        rolled = run_episodes(policy, make_env, specs, cfg.rollout, generator=gen,
                               policy_version=it, iteration=it, source="rl")
+        n_sampled = len(rolled)
+        if rc.branch:  # every untried action at every visited state, finished by the policy
+            rolled += run_episodes(policy, make_env, branch_specs(rolled, actions), cfg.rollout, generator=gen,
+                                   policy_version=it, iteration=it, source="rl-branch")
         # store: persist, then train on what the store returns
         ids = store.put_many(rolled)
         episodes = store.get_many(ids)
@@ -136,9 +151,12 @@ def train_rl(
         keep = (adv.abs() > 1e-8).any(-1) if rc.drop_zero_advantage else torch.ones(len(episodes), dtype=torch.bool)
         ref_logp = None
         if ref is not None:
+            ref_logp = torch.zeros_like(batch.old_logp)
             with torch.no_grad():
-                ref_logp = token_logprobs(ref, batch.input_ids, batch.attention_mask,
-                                          temperature=cfg.rollout.sampling.logprob_temperature)
+                for rows in length_chunks(batch, rc.minibatch_size):
+                    sub = batch.select(rows)
+                    ref_logp[rows, : sub.input_ids.shape[1]] = token_logprobs(
+                        ref, sub.input_ids, sub.attention_mask, temperature=cfg.rollout.sampling.logprob_temperature)
         # loss + update (on the episodes that carry signal)
         for group in opt.param_groups:
             group["lr"] = rc.lr * min(1.0, (it + 1) / rc.warmup_iters) if rc.warmup_iters else rc.lr
@@ -150,9 +168,10 @@ def train_rl(
         counters["tokens"] += int(batch.loss_mask.sum())
         row = {
             **terms, **counters,
-            "train/success": sum(1.0 for e in episodes if e.success) / len(episodes),
+            "train/success": sum(1.0 for e in episodes[:n_sampled] if e.success) / n_sampled,
+            "train/branches": len(episodes) - n_sampled,
             "train/invalid_frac": sum(not t.valid for e in episodes for t in e.path()) / max(1, n_turns),
-            "train/turns": n_turns / len(episodes),
+            "train/turns": sum(len(e.path()) for e in episodes[:n_sampled]) / n_sampled,
             "train/adv_abs": float(adv.abs().sum() / batch.loss_mask.sum().clamp_min(1)),
             "train/kept_frac": len(rows) / len(episodes),
         }

@@ -1,0 +1,117 @@
+"""Forced turns and branch rollouts: re-play reaches the trunk's state, every untried action is tried."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from arborl.env.envs import FrozenLake
+from arborl.policy import ChatRenderer, ModelConfig, build_model, token_logprobs, train_tokenizer
+from arborl.rollout import (
+    EpisodeSpec,
+    ModelPolicy,
+    RolloutConfig,
+    SamplingConfig,
+    ScriptedPolicy,
+    run_episodes,
+)
+from arborl.rollout.branch import branch_diverged, branch_specs
+from arborl.train.batch import collate, step_batch
+from arborl.trajectory.schema import linearize
+
+from .conftest import SYSTEM, WORDS, CountEnv
+
+MAP = ["S_H_", "____", "_H__", "___G"]
+DESC = [row.replace("_", "F") for row in MAP]
+
+
+@pytest.fixture(scope="module")
+def lake_policy():
+    """A tiny random model whose tokenizer knows FrozenLake's words (so forced actions round-trip)."""
+    env = FrozenLake(size=4)
+    obs, _ = env.reset(options={"desc": DESC})
+    tok = train_tokenizer([SYSTEM, " ".join(WORDS), " ".join(FrozenLake.actions), env.format_observation(obs)])
+    model = build_model(ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
+                                    max_position_embeddings=1024), tok, seed=0)
+    return model, ChatRenderer(tok, SYSTEM)
+
+
+def _cfg(max_turns: int = 6) -> RolloutConfig:
+    return RolloutConfig(max_turns=max_turns, max_context_tokens=1000,
+                         sampling=SamplingConfig(max_new_tokens=4, temperature=1.0), batch_size=16)
+
+
+def test_forced_turns_replay_with_mask_zero_and_branch_action_is_trained(model, renderer):
+    replay = (tuple(renderer.encode_response("left")), tuple(renderer.encode_response("up")))
+    spec = EpisodeSpec(task_id="t", task_type="count", group_id="g", seed=3, options={"length": 4},
+                       replay=replay, branch_action="go", metadata={"branch": {"of": "x", "turn": 2}})
+    (ep,) = run_episodes(ModelPolicy(model, renderer), CountEnv, [spec], _cfg(),
+                         generator=torch.Generator().manual_seed(0))
+    turns = ep.path()
+    assert len(turns) == 4 and ep.metadata["replayed_turns"] == 2 and ep.metadata["branch"]["of"] == "x"
+    assert [tuple(t.output_ids) for t in turns[:2]] == list(replay)
+    assert all(m == 0 for t in turns[:2] for m in t.output_mask)
+    assert turns[2].output_ids == renderer.encode_response("go") and all(turns[2].output_mask)
+    assert [t.action_text for t in turns[:3]] == ["left", "up", "go"]
+    # the recorded log-probs of forced tokens are the policy's, like sampled ones
+    view = linearize(ep)
+    with torch.no_grad():
+        lp = token_logprobs(model, torch.tensor([view.input_ids]))[0]
+    gen = torch.tensor([i for i, t in enumerate(view.turn_index) if t >= 2 and view.loss_mask[i]])
+    forced_rows = [i for i, t in enumerate(view.turn_index) if t < 2 and i >= 1]
+    assert (lp[gen] - torch.tensor(view.logprobs)[gen]).abs().max() < 1e-4
+    nonprompt = [i for i in forced_rows if view.logprobs[i] != 0.0]
+    assert nonprompt, "replayed tokens carry their policy log-probs"
+    assert (lp[nonprompt] - torch.tensor(view.logprobs)[nonprompt]).abs().max() < 1e-4
+
+
+def test_branches_try_every_untried_action_at_every_visited_state(lake_policy):
+    model, renderer = lake_policy
+    env = FrozenLake(size=4)
+    spec = EpisodeSpec(task_id="m", task_type="frozenlake", group_id="g0", seed=5, options={"desc": DESC})
+    trunks = run_episodes(ScriptedPolicy(lambda e: e.expert_action(), renderer), [env], [spec, spec], _cfg(10),
+                          generator=torch.Generator().manual_seed(0))
+    path = trunks[0].path()
+    assert trunks[0].success and len(path) == 6  # shortest path on MAP
+    specs = branch_specs(trunks, FrozenLake.actions)
+    # two identical trunks visit 6 states; at each, 3 actions were not tried
+    assert len(specs) == 6 * 3
+    assert {(s.metadata["branch"]["turn"], s.branch_action) for s in specs} == {
+        (k, a) for k, t in enumerate(path) for a in FrozenLake.actions if a != t.action
+    }
+    branches = run_episodes(ModelPolicy(model, renderer), lambda: FrozenLake(size=4), specs, _cfg(10),
+                            generator=torch.Generator().manual_seed(1))
+    for spec_b, br in zip(specs, branches, strict=True):
+        k = spec_b.metadata["branch"]["turn"]
+        assert not branch_diverged(br)
+        assert br.path()[k].state_key == path[k].state_key
+        assert br.path()[k].action == spec_b.branch_action
+    # re-played turns carry no credit and branches are not group samples
+    steps = step_batch(trunks + branches)
+    assert steps.sampled.tolist() == [True, True] + [False] * len(branches)
+    k_of = [0] * 2 + [s.metadata["branch"]["turn"] for s in specs]
+    expected = [k == k_of[e] if e >= 2 else True for e, k in zip(steps.episode.tolist(), steps.step.tolist(), strict=True)]
+    assert steps.active.tolist() == expected
+    # a branch is trained on its forced action only: its tensors stop after that turn
+    batch = collate(trunks + branches)
+    for e, br in enumerate(branches, start=2):
+        k = br.metadata["branch"]["turn"]
+        n = int(batch.attention_mask[e].sum())
+        assert batch.input_ids[e, :n].tolist() == linearize(br).input_ids[:n]
+        assert n == sum(len(t.prompt_ids) + len(t.output_ids) for t in br.path()[: k + 1])
+        trained = batch.loss_mask[e].nonzero()[:, 0]
+        assert trained.numel() == len(br.path()[k].output_ids)
+
+
+def test_diverged_branch_is_detected_and_gets_no_credit(lake_policy):
+    model, renderer = lake_policy
+    spec = EpisodeSpec(task_id="m", task_type="frozenlake", group_id="g0", seed=5, options={"desc": DESC})
+    trunks = run_episodes(ScriptedPolicy(lambda e: e.expert_action(), renderer), [FrozenLake(size=4)], [spec],
+                          _cfg(10), generator=torch.Generator().manual_seed(0))
+    bspec = branch_specs(trunks, FrozenLake.actions)[5]
+    other = EpisodeSpec(**{**bspec.__dict__, "options": {"desc": ["SFFF", "FFFF", "FFFF", "FFFG"]}})
+    (br,) = run_episodes(ModelPolicy(model, renderer), [FrozenLake(size=4)], [other], _cfg(10),
+                         generator=torch.Generator().manual_seed(1))
+    assert branch_diverged(br)
+    steps = step_batch([br])
+    assert not steps.active.any()
