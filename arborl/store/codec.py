@@ -153,11 +153,14 @@ def _meta(ep: Episode) -> str:
         raise SchemaError(f"episode {ep.episode_id} is not JSON-able with finite numbers: {e}") from e
 
 
+def _timings(ep: Episode, t: Turn) -> str:
+    tim = t.timings
+    return "{}" if type(tim) is dict and not tim else _dumps(tim, f"episode {ep.episode_id} turn {t.turn_id}")
+
+
 def _turn_cols(ep: Episode, canon: list[CanonicalTurn]) -> list[TurnCols]:
     pos = {t.turn_id: i for i, t in enumerate(ep.path())}
-    return [(pos.get(t.turn_id), t.turn_id, t.parent_id, float(t.reward),
-             "{}" if type(tim := t.timings) is dict and not tim else _dumps(tim, f"episode {ep.episode_id} turn {t.turn_id}"),
-             c.record)
+    return [(pos.get(t.turn_id), t.turn_id, t.parent_id, float(t.reward), _timings(ep, t), c.record)
             for t, c in zip(ep.turns, canon, strict=True)]
 
 
@@ -214,11 +217,6 @@ def prepare_many(items: Iterable[Episode | dict[str, Any]]) -> list[Prepared]:
 
 def _load(x: str | dict[str, Any] | list[Any]) -> Any:
     return json.loads(x) if isinstance(x, str | bytes) else x
-
-
-def parse_bodies(bodies: list[str]) -> list[dict[str, Any]]:
-    """Parse many JSON texts with one decoder call (per-call overhead dominates small turns)."""
-    return json.loads("[" + ",".join(bodies) + "]") if bodies else []
 
 
 def turn_dict(turn_id: str, parent_id: str | None, timings: str | dict[str, float],
