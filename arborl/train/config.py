@@ -139,6 +139,10 @@ class RLConfig:
     there and let the policy finish each branch (arborl.rollout.branch), so step-level credit
     compares all actions even when the group agrees. Needs an env with a finite ``actions`` set
     that is reproducible from its seed and actions."""
+    branch_greedy: bool = True
+    """Finish branches with greedy decoding: the return then measures ``Q(s, a)`` of the greedy
+    policy (the one evaluated) without sampling noise. Needs ``rollout.sampling.temperature = 1``
+    so the forced action's recorded log-prob matches the trainer's."""
     grad_clip: float = 1.0
     weight_decay: float = 0.0
     checkpoint_every: int = 10

@@ -21,6 +21,7 @@ Implementation details (where this departs from the papers):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from arborl.credit import StepBatch
 from arborl.env import Env
 from arborl.loss import ppo_clip_loss
 from arborl.policy import ChatRenderer, load_policy, save_policy, token_logprobs, token_logprobs_and_entropy
-from arborl.rollout import ModelPolicy, run_episodes
+from arborl.rollout import ModelPolicy, RolloutConfig, run_episodes
 from arborl.rollout.branch import branch_specs
 from arborl.train.batch import TokenBatch, broadcast, collate, length_chunks, step_batch
 from arborl.train.common import (
@@ -89,6 +90,20 @@ def _update(model, opt, cfg: TrainConfig, batch: TokenBatch, adv: Tensor, ref_lo
     return {k: v / max(n, 1) for k, v in sums.items()}
 
 
+def _branch_rollout_config(cfg: TrainConfig) -> RolloutConfig:
+    """The rollout settings of branches: greedy continuations when ``rl.branch_greedy``."""
+    sampling = cfg.rollout.sampling
+    if not (cfg.rl.branch and cfg.rl.branch_greedy) or sampling.greedy:
+        return cfg.rollout
+    if sampling.temperature != 1.0:
+        raise ValueError(
+            f"rl.branch_greedy = true needs rollout.sampling.temperature = 1 (it is {sampling.temperature}): a "
+            "greedy branch records its forced action's log-prob at temperature 1. Set the temperature to 1 or "
+            "rl.branch_greedy = false"
+        )
+    return dataclasses.replace(cfg.rollout, sampling=dataclasses.replace(sampling, greedy=True))
+
+
 def train_rl(
     cfg: TrainConfig,
     make_env: Callable[[], Env],
@@ -127,6 +142,7 @@ def train_rl(
     if rc.branch and not actions:
         raise ValueError(f"rl.branch = true needs an env with a finite action set; {type(env).__name__} has no "
                          "`actions` attribute. Add one (the action texts step() accepts) or set rl.branch = false")
+    branch_cfg = _branch_rollout_config(cfg)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
 
     for it in progress(range(start_it, rc.iterations), "rl", total=rc.iterations - start_it):
@@ -139,7 +155,7 @@ def train_rl(
                               policy_version=it, iteration=it, source="rl")
         n_sampled = len(rolled)
         if rc.branch:  # every untried action at every visited state, finished by the policy
-            rolled += run_episodes(policy, make_env, branch_specs(rolled, actions), cfg.rollout, generator=gen,
+            rolled += run_episodes(policy, make_env, branch_specs(rolled, actions), branch_cfg, generator=gen,
                                    policy_version=it, iteration=it, source="rl-branch")
         # store: persist, then train on what the store returns
         ids = store.put_many(rolled)

@@ -41,3 +41,30 @@ def test_update_follows_advantage_sign():
     trained = batch.loss_mask > 0
     assert d[trained & (adv > 0)].mean() > 0 > d[trained & (adv < 0)].mean()
     assert (adv * d)[trained].sum() > 0
+
+
+def test_branch_rollout_config_is_greedy_and_refuses_a_mismatched_temperature():
+    import pytest
+
+    from arborl.train.rl import _branch_rollout_config
+
+    cfg = load_config(TrainConfig, None, ["rl.branch=true"])
+    assert _branch_rollout_config(cfg).sampling.greedy and not cfg.rollout.sampling.greedy
+    sampled = load_config(TrainConfig, None, ["rl.branch=true", "rl.branch_greedy=false"])
+    assert _branch_rollout_config(sampled) is sampled.rollout
+    hot = load_config(TrainConfig, None, ["rl.branch=true", "rollout.sampling.temperature=1.5"])
+    with pytest.raises(ValueError, match="temperature"):
+        _branch_rollout_config(hot)
+
+
+def test_length_chunks_group_similar_lengths_and_cover_every_row():
+    from arborl.train.batch import TokenBatch, length_chunks
+
+    lengths = [5, 1, 9, 3, 7, 2]
+    att = torch.zeros(6, 9, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        att[i, :n] = 1
+    zeros = torch.zeros(6, 9)
+    batch = TokenBatch(att.clone(), att, zeros, zeros, torch.zeros(6, 9, dtype=torch.long))
+    chunks = length_chunks(batch, 4)
+    assert [c.tolist() for c in chunks] == [[1, 5, 3, 0], [4, 2]]
