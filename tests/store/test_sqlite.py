@@ -122,9 +122,8 @@ def test_layout_1_store_is_read_and_extended_in_layout_2(tmp_path):
         assert db.execute("SELECT COUNT(*) FROM turn_records").fetchone() == (0,)
 
 
-def test_new_store_has_no_layout_1_table_and_8k_pages(sqlite_url):
+def test_new_store_has_no_layout_1_table(sqlite_url):
     with open_store(sqlite_url) as store:
         store.put_many([make_episode(1)])
         names = {r[0] for r in store._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         assert "turns" not in names and "turn_records" in names
-        assert store._db.execute("PRAGMA page_size").fetchone() == (8192,)
