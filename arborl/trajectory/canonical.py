@@ -13,6 +13,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Callable
+from functools import partial
 from json.encoder import c_make_encoder, encode_basestring_ascii
 from operator import countOf
 from typing import Any, NamedTuple
@@ -146,8 +147,7 @@ def _packed_record(rest: str, oi: Any, ol: Any, om: Any, pi: Any) -> bytes | Non
     n, m = len(oi), len(pi)
     if (len(ol) != n or len(om) != n or n > _STRUCT_MAX or m > _STRUCT_MAX
             or countOf(map(type, oi), int) != n or countOf(map(type, ol), float) != n
-            or countOf(map(type, om), int) != n or countOf(map(type, pi), int) != m
-            or countOf(om, 1) + countOf(om, 0) != n):
+            or countOf(map(type, om), int) != n or countOf(map(type, pi), int) != m):
         return None
     if (s := sum(ol)) - s != 0.0 and not all(map(math.isfinite, ol)):  # a finite sum: all finite, one C pass
         return None
@@ -157,12 +157,16 @@ def _packed_record(rest: str, oi: Any, ol: Any, om: Any, pi: Any) -> bytes | Non
     prompt = _PROMPT_FRAMES.get(m)
     if prompt is None:
         prompt = _PROMPT_FRAMES[m] = struct.Struct(f"<cQ{m}i").pack
-    r = rest.encode()
     try:
-        return b"".join((_FRAME(b"t", len(r)), r, out(b"i", 4 * n, *oi, b"d", 8 * n, *ol, b"b", n, *om),
-                         prompt(b"i", 4 * m, *pi)))
-    except (OverflowError, struct.error):  # an id outside int32
+        outputs = out(b"i", 4 * n, *oi, b"d", 8 * n, *ol, b"b", n, *om)
+        prompts = prompt(b"i", 4 * m, *pi)
+    except (OverflowError, struct.error):  # an id outside int32, a mask value outside a signed byte
         return None
+    mask = len(outputs) - n  # the mask is the last n bytes: 0/1 counted on them, in C
+    if outputs.count(1, mask) + outputs.count(0, mask) != n:
+        return None
+    r = rest.encode()
+    return b"".join((_FRAME(b"t", len(r)), r, outputs, prompts))
 
 
 def _json(v: Any) -> str:
@@ -373,6 +377,7 @@ def canonical_turns(ep: Episode) -> list[CanonicalTurn]:
     order = {t.turn_id: i for i, t in enumerate(ep.turns)}
     out = []
     esc, irepr, frepr, js, tc_js = encode_basestring_ascii, int.__repr__, float.__repr__, _json, _tool_call_json
+    new_turn = partial(tuple.__new__, CanonicalTurn)  # CanonicalTurn(...) without its Python-level __new__
     for i, t in enumerate(ep.turns):
         # Each field formatted inline for its usual type (str, int, bool, None, an empty dict or
         # list, a finite float) and through _json otherwise: the same text _CANON gives, without
@@ -418,7 +423,7 @@ def canonical_turns(ep: Episode) -> list[CanonicalTurn]:
         if record is None:  # not plain lists of exact values: the general rule decides, array by array
             record = _record(rest, (pack_array(t.output_ids, "i"), pack_array(t.output_logprobs, "d"),
                                     pack_array(t.output_mask, "b"), pack_array(t.prompt_ids, "i")))
-        out.append(CanonicalTurn(head, mid, tail, rest, record))
+        out.append(new_turn((head, mid, tail, rest, record)))
     return out
 
 

@@ -94,6 +94,17 @@ def test_content_hash_is_its_definition():
         assert ep.content_hash() == reference_hash(ep) == prepare(ep).row.content_hash, ep.episode_id
 
 
+def test_content_hash_of_output_arrays_that_do_not_all_pack():
+    # output arrays of one length go through one Struct together: each way that one of them may
+    # not pack (mask values, an id outside int32, a float in the mask) must leave the hash as defined
+    ep = Episode(episode_id="masks", task_type="x")
+    for k, mask in enumerate(([2, 1], [-1, 0], [300, 1], [0, 1], [1.0, 1], [1, 1])):
+        ep.add_turn(Turn(turn_id=f"m{k}", output_ids=[5, 2**31 if k == 5 else 6], output_logprobs=[-0.5, -1.0],
+                         output_mask=mask))
+    assert ep.content_hash() == reference_hash(ep)
+    assert [isinstance(c.arrays[2], bytes) for c in canonical_turns(ep)] == [False, False, False, True, False, True]
+
+
 json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False,
                      allow_infinity=False), st.text(max_size=8))
 json_value = st.recursive(json_leaf, lambda kids: st.one_of(st.lists(kids, max_size=3),
