@@ -103,7 +103,7 @@ class CanonicalTurn(NamedTuple):
     @property
     def arrays(self) -> tuple[bytes | str, ...]:
         """Per :data:`CANONICAL_ARRAYS`: packed bytes (see :func:`pack_array`) or JSON text, from :attr:`record`."""
-        pos, out = 9 + len(self.rest), []
+        pos, out = 9 + _HEADER(self.record, 0)[1], []
         for _ in CANONICAL_ARRAYS:
             tag, n = _HEADER(self.record, pos)
             data, pos = self.record[pos + 9:pos + 9 + n], pos + 9 + n
