@@ -205,7 +205,6 @@ def _tool_call_json(v: ToolCall) -> str:
     return f'{{"arguments":{_json(v.arguments)},"call_id":{call_id},"name":{name}}}'
 
 
-
 # Fast paths of pack_array: None unless the value is a list of exact-type values that fit.
 # struct packs little-endian directly and is ~2.5x faster than array(...).tobytes() for short
 # arrays; its Structs are cached per length up to _STRUCT_MAX (longer arrays go through array).
@@ -436,7 +435,6 @@ def canonical_episode(ep: Episode, turns: list[CanonicalTurn]) -> bytes:
     parts = [CONTENT_HASH_VERSION, _FRAME(b"e", len(head)), head]
     parts += [c.record for c in turns]
     return b"".join(parts)
-
 
 
 _HASHED_FIELDS = tuple(f for f in _EPISODE_SCALARS if f not in HASH_EXCLUDED)
