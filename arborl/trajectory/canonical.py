@@ -40,7 +40,7 @@ from arborl.trajectory.schema import (
 #                the array's JSON text.
 # JSON here is json.dumps(v, sort_keys=True, separators=(",", ":"), allow_nan=False). Hashing
 # the arrays as bytes avoids formatting every token id and log-prob as text (most of the cost of
-# a JSON-only definition), and the store keeps the same bytes as its packed columns.
+# a JSON-only definition), and the SQLite store keeps the same bytes as its turn records.
 _CANON = json.JSONEncoder(separators=(",", ":"), allow_nan=False, sort_keys=True)
 
 
