@@ -107,6 +107,9 @@ class RLConfig:
     warmup_iters: int = 0
     """Raise the learning rate linearly over the first N iterations: a fresh Adam state at the start of
     RL otherwise takes sign-sized steps on every parameter, which knocks a small SFT model off its optimum."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """After warm-up: keep ``lr``, or decay it along a half cosine to 0 at the last iteration (the final
+    policy then comes out of small steps instead of the noise of full-size ones)."""
     ppo_epochs: int = 2
     """Passes over each iteration's batch."""
     minibatch_size: int = 32

@@ -22,6 +22,7 @@ Implementation details (where this departs from the papers):
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -88,6 +89,16 @@ def _update(model, opt, cfg: TrainConfig, batch: TokenBatch, adv: Tensor, ref_lo
                 sums[k] = sums.get(k, 0.0) + v
             n += 1
     return {k: v / max(n, 1) for k, v in sums.items()}
+
+
+def rl_lr(rc, it: int) -> float:
+    """Learning rate of iteration ``it`` (0-based): linear warm-up, then constant or half-cosine decay."""
+    if rc.warmup_iters and it < rc.warmup_iters:
+        return rc.lr * (it + 1) / rc.warmup_iters
+    if rc.lr_schedule == "cosine":
+        done = (it - rc.warmup_iters) / max(1, rc.iterations - rc.warmup_iters)
+        return rc.lr * 0.5 * (1.0 + math.cos(math.pi * done))
+    return rc.lr
 
 
 def _branch_rollout_config(cfg: TrainConfig) -> RolloutConfig:
@@ -175,7 +186,7 @@ def train_rl(
                         ref, sub.input_ids, sub.attention_mask, temperature=cfg.rollout.sampling.logprob_temperature)
         # loss + update (on the episodes that carry signal)
         for group in opt.param_groups:
-            group["lr"] = rc.lr * min(1.0, (it + 1) / rc.warmup_iters) if rc.warmup_iters else rc.lr
+            group["lr"] = rl_lr(rc, it)
         rows = keep.nonzero()[:, 0]
         terms = _update(model, opt, cfg, batch.select(rows), adv[rows], None if ref_logp is None else ref_logp[rows], gen) if len(rows) else {}
         # metrics

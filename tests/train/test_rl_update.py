@@ -68,3 +68,16 @@ def test_length_chunks_group_similar_lengths_and_cover_every_row():
     batch = TokenBatch(att.clone(), att, zeros, zeros, torch.zeros(6, 9, dtype=torch.long))
     chunks = length_chunks(batch, 4)
     assert [c.tolist() for c in chunks] == [[1, 5, 3, 0], [4, 2]]
+
+
+def test_rl_lr_warmup_then_cosine_hand_computed():
+    from arborl.train.rl import rl_lr
+
+    rc = load_config(TrainConfig, None, ["rl.lr=1.0", "rl.iterations=12", "rl.warmup_iters=2",
+                                         "rl.lr_schedule=\"cosine\""]).rl
+    lrs = [rl_lr(rc, it) for it in range(12)]
+    assert lrs[:2] == [0.5, 1.0] and lrs[2] == 1.0
+    assert abs(lrs[7] - 0.5) < 1e-9  # half-way through the 10 decaying iterations
+    assert lrs[11] < 0.03
+    flat = load_config(TrainConfig, None, ["rl.lr=1.0", "rl.warmup_iters=2"]).rl
+    assert [rl_lr(flat, it) for it in range(4)] == [0.5, 1.0, 1.0, 1.0]
