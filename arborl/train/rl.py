@@ -7,6 +7,10 @@ config layer), broadcasts it to the model-generated tokens of that turn, and tak
 ``ppo_epochs`` passes of PPO-clip minibatch updates with an optional KL term to the frozen
 start-of-RL policy.
 
+With ``rl.branch``, each iteration also rolls out branches (:mod:`arborl.rollout.branch`): every
+state the group visited is re-played and every action no member took there is forced, so the
+credit estimator (``best_step`` in the demo) compares all actions of every visited state.
+
 Implementation details (where this departs from the papers):
 
 * Trajectory-level group statistics (not per step row; credit-spec §2).
@@ -44,7 +48,7 @@ from arborl.train.common import (
     set_rng_state,
     task_type_of,
 )
-from arborl.train.config import TrainConfig
+from arborl.train.config import RLConfig, TrainConfig
 from arborl.train.progress import progress
 from arborl.train.stages import evaluate, policy_dir, specs_for
 
@@ -91,7 +95,18 @@ def _update(model, opt, cfg: TrainConfig, batch: TokenBatch, adv: Tensor, ref_lo
     return {k: v / max(n, 1) for k, v in sums.items()}
 
 
-def rl_lr(rc, it: int) -> float:
+@torch.no_grad()
+def _ref_logprobs(ref, batch: TokenBatch, chunk: int, temperature: float) -> Tensor:
+    """Reference-policy log-probs of ``batch``, computed in chunks of similar lengths."""
+    out = torch.zeros_like(batch.old_logp)
+    for rows in length_chunks(batch, chunk):
+        sub = batch.select(rows)
+        out[rows, : sub.input_ids.shape[1]] = token_logprobs(ref, sub.input_ids, sub.attention_mask,
+                                                             temperature=temperature)
+    return out
+
+
+def rl_lr(rc: RLConfig, it: int) -> float:
     """Learning rate of iteration ``it`` (0-based): linear warm-up, then constant or half-cosine decay."""
     if rc.warmup_iters and it < rc.warmup_iters:
         return rc.lr * (it + 1) / rc.warmup_iters
@@ -176,19 +191,16 @@ def train_rl(
         batch = collate(episodes, pad_id=pad)
         adv = broadcast(credit(steps), batch.step_of_token) * batch.loss_mask
         keep = (adv.abs() > 1e-8).any(-1) if rc.drop_zero_advantage else torch.ones(len(episodes), dtype=torch.bool)
-        ref_logp = None
-        if ref is not None:
-            ref_logp = torch.zeros_like(batch.old_logp)
-            with torch.no_grad():
-                for rows in length_chunks(batch, rc.minibatch_size):
-                    sub = batch.select(rows)
-                    ref_logp[rows, : sub.input_ids.shape[1]] = token_logprobs(
-                        ref, sub.input_ids, sub.attention_mask, temperature=cfg.rollout.sampling.logprob_temperature)
         # loss + update (on the episodes that carry signal)
         for group in opt.param_groups:
             group["lr"] = rl_lr(rc, it)
         rows = keep.nonzero()[:, 0]
-        terms = _update(model, opt, cfg, batch.select(rows), adv[rows], None if ref_logp is None else ref_logp[rows], gen) if len(rows) else {}
+        terms = {}
+        if len(rows):
+            kept = batch.select(rows)
+            ref_logp = None if ref is None else _ref_logprobs(ref, kept, rc.minibatch_size,
+                                                              cfg.rollout.sampling.logprob_temperature)
+            terms = _update(model, opt, cfg, kept, adv[rows, : kept.input_ids.shape[1]], ref_logp, gen)
         # metrics
         n_turns = int(steps.episode.numel())
         counters["env_steps"] += n_turns
