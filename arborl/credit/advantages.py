@@ -63,15 +63,20 @@ def grpo_advantages(
     return adv.to(torch.float32)
 
 
+def _members(ids: list[int]) -> dict[int, list[int]]:
+    """Positions of each id (the reference loops' grouping)."""
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(ids):
+        members.setdefault(g, []).append(i)
+    return members
+
+
 def grpo_advantages_reference(
     scores: list[float], group: list[int], *, norm_by_std: bool = True, eps: float = 1e-6
 ) -> list[float]:
     """Slow loop version of :func:`grpo_advantages`, for tests."""
-    members: dict[int, list[int]] = {}
-    for i, g in enumerate(group):
-        members.setdefault(g, []).append(i)
     out = [0.0] * len(scores)
-    for idx in members.values():
+    for idx in _members(group).values():
         vals = [scores[i] for i in idx]
         if len(vals) == 1:
             mean, std = 0.0, 1.0
@@ -144,11 +149,8 @@ def step_group_advantages_reference(
     returns: list[float], step_group: list[int], *, norm_by_std: bool = True, eps: float = 1e-6
 ) -> list[float]:
     """Slow loop version of :func:`step_group_advantages`, for tests."""
-    members: dict[int, list[int]] = {}
-    for i, g in enumerate(step_group):
-        members.setdefault(g, []).append(i)
     out = [0.0] * len(returns)
-    for idx in members.values():
+    for idx in _members(step_group).values():
         if len(idx) == 1:
             continue
         vals = [returns[i] for i in idx]
@@ -186,11 +188,8 @@ def best_return_weights(returns: Tensor, step_group: Tensor, *, tol: float = 1e-
 
 def best_return_weights_reference(returns: list[float], step_group: list[int], *, tol: float = 1e-6) -> list[float]:
     """Slow loop version of :func:`best_return_weights`, for tests."""
-    members: dict[int, list[int]] = {}
-    for i, g in enumerate(step_group):
-        members.setdefault(g, []).append(i)
     out = [0.0] * len(returns)
-    for idx in members.values():
+    for idx in _members(step_group).values():
         vals = [returns[i] for i in idx]
         if max(vals) - min(vals) <= tol:
             continue

@@ -93,6 +93,14 @@ def _length_weights(batch: StepBatch) -> Tensor:
     return (mean / turns.clamp_min(1))[batch.episode]
 
 
+def _state_groups(batch: StepBatch) -> Tensor:
+    """``[N]`` dense ids of (episode group, anchor state); each inactive step is a singleton group,
+    so it shifts no one's baseline and gets no step advantage itself."""
+    active = batch.step_active()
+    anchor = torch.where(active, batch.anchor, -1 - torch.arange(active.numel()))
+    return dense_ids(batch.group[batch.episode], anchor)
+
+
 def _episode_advantages(batch: StepBatch, *, norm_by_std: bool, eps: float) -> Tensor:
     """``[E]`` GRPO advantages over the sampled episodes; 0 for the others."""
     if batch.sampled is None:
@@ -135,12 +143,8 @@ def gigpo(
     """
     a_ep = _episode_advantages(batch, norm_by_std=norm_by_std, eps=eps)[batch.episode]
     returns = discounted_returns(batch.reward, batch.episode, batch.step, gamma=gamma)
-    active = batch.step_active()
-    # An inactive step is its own singleton group (A^S = 0) so it does not shift anyone's baseline.
-    anchor = torch.where(active, batch.anchor, -1 - torch.arange(active.numel()))
-    step_group = dense_ids(batch.group[batch.episode], anchor)
-    a_step = step_group_advantages(returns, step_group, norm_by_std=norm_by_std, eps=eps)
-    adv = (a_ep + step_weight * a_step) * active
+    a_step = step_group_advantages(returns, _state_groups(batch), norm_by_std=norm_by_std, eps=eps)
+    adv = (a_ep + step_weight * a_step) * batch.step_active()
     return adv * _length_weights(batch) if length_neutral else adv
 
 
@@ -161,7 +165,4 @@ def best_step(batch: StepBatch, *, gamma: float = 0.95, tol: float = 1e-6) -> Te
         ``[N]`` float32 step advantages in [0, 1]; each informative state group sums to 1.
     """
     returns = discounted_returns(batch.reward, batch.episode, batch.step, gamma=gamma)
-    active = batch.step_active()
-    anchor = torch.where(active, batch.anchor, -1 - torch.arange(active.numel()))
-    step_group = dense_ids(batch.group[batch.episode], anchor)
-    return best_return_weights(returns, step_group, tol=tol) * active
+    return best_return_weights(returns, _state_groups(batch), tol=tol) * batch.step_active()
