@@ -13,7 +13,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Callable
-from functools import partial
+from functools import cache, partial
 from json.encoder import c_make_encoder, encode_basestring_ascii
 from operator import countOf
 from typing import Any, NamedTuple
@@ -151,12 +151,7 @@ def _packed_record(rest: str, oi: Any, ol: Any, om: Any, pi: Any) -> bytes | Non
         return None
     if (s := sum(ol)) - s != 0.0 and not all(map(math.isfinite, ol)):  # a finite sum: all finite, one C pass
         return None
-    out = _OUTPUT_FRAMES.get(n)
-    if out is None:
-        out = _OUTPUT_FRAMES[n] = struct.Struct(f"<cQ{n}icQ{n}dcQ{n}b").pack
-    prompt = _PROMPT_FRAMES.get(m)
-    if prompt is None:
-        prompt = _PROMPT_FRAMES[m] = struct.Struct(f"<cQ{m}i").pack
+    out, prompt = _output_struct(n).pack, _prompt_struct(m).pack
     try:
         outputs = out(b"i", 4 * n, *oi, b"d", 8 * n, *ol, b"b", n, *om)
         prompts = prompt(b"i", 4 * m, *pi)
@@ -209,20 +204,27 @@ def _tool_call_json(v: ToolCall) -> str:
 # struct packs little-endian directly and is ~2.5x faster than array(...).tobytes() for short
 # arrays; its Structs are cached per length up to _STRUCT_MAX (longer arrays go through array).
 _STRUCT_MAX = 4096
-_STRUCTS: dict[tuple[str, int], Callable[..., bytes]] = {}
-_OUTPUT_FRAMES: dict[int, Callable[..., bytes]] = {}  # by output length: frames i, d, b with headers
-_PROMPT_FRAMES: dict[int, Callable[..., bytes]] = {}  # by prompt length: frame i with its header
-_OUTPUT_READS: dict[int, Callable[..., tuple[Any, ...]]] = {}  # their inverses
-_PROMPT_READS: dict[int, Callable[..., tuple[Any, ...]]] = {}
+
+
+@cache
+def _array_struct(code: str, n: int) -> struct.Struct:
+    return struct.Struct(f"<{n}{code}")
+
+
+@cache
+def _output_struct(n: int) -> struct.Struct:
+    """The three output frames (ids i, log-probs d, mask b) with their headers, for ``n`` tokens."""
+    return struct.Struct(f"<cQ{n}icQ{n}dcQ{n}b")
+
+
+@cache
+def _prompt_struct(m: int) -> struct.Struct:
+    """The prompt-ids frame (i) with its header, for ``m`` tokens."""
+    return struct.Struct(f"<cQ{m}i")
 
 
 def _packer(code: str, n: int) -> Callable[..., bytes] | None:
-    if n > _STRUCT_MAX:
-        return None
-    p = _STRUCTS.get((code, n))
-    if p is None:
-        p = _STRUCTS[code, n] = struct.Struct(f"<{n}{code}").pack
-    return p
+    return None if n > _STRUCT_MAX else _array_struct(code, n).pack
 
 
 def _pack_long(v: list[Any], code: str) -> bytes:
@@ -235,7 +237,7 @@ def _pack_long(v: list[Any], code: str) -> bytes:
 def _pack_ids(v: Any) -> bytes | None:
     if type(v) is not list or countOf(map(type, v), int) != len(v):  # exact types: no bools
         return None
-    p = _STRUCTS.get(("i", len(v))) or _packer("i", len(v))
+    p = _packer("i", len(v))
     try:
         return _pack_long(v, "i") if p is None else p(*v)
     except (OverflowError, struct.error):  # outside int32
@@ -248,7 +250,7 @@ def _pack_logprobs(v: Any) -> bytes | None:
         return None
     if (s := sum(v)) - s != 0.0 and not all(map(math.isfinite, v)):
         return None
-    p = _STRUCTS.get(("d", len(v))) or _packer("d", len(v))
+    p = _packer("d", len(v))
     return _pack_long(v, "d") if p is None else p(*v)
 
 
@@ -327,12 +329,7 @@ def _split_packed(record: bytes) -> tuple[bytes, list[list[Any]]] | None:
     m = k >> 2
     if tag != b"i" or k & 3 or m > _STRUCT_MAX or q + 9 + k != size:
         return None
-    out = _OUTPUT_READS.get(n)
-    if out is None:
-        out = _OUTPUT_READS[n] = struct.Struct(f"<cQ{n}icQ{n}dcQ{n}b").unpack_from
-    prompt = _PROMPT_READS.get(m)
-    if prompt is None:
-        prompt = _PROMPT_READS[m] = struct.Struct(f"<cQ{m}i").unpack_from
+    out, prompt = _output_struct(n).unpack_from, _prompt_struct(m).unpack_from
     v = list(out(record, p))
     if v[n + 2] != b"d" or v[n + 3] != 8 * n or v[2 * n + 4] != b"b" or v[2 * n + 5] != n:
         return None
