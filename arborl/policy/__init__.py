@@ -2,6 +2,7 @@
 
 from arborl.policy.chat import ChatRenderer, Observation, TemplateError, observation_text
 from arborl.policy.logprobs import token_logprobs, token_logprobs_and_entropy
+from arborl.policy.portable import CheckpointError, stock_tokenizer_problem
 from arborl.policy.model import ATTN_IMPLEMENTATION, ModelConfig, build_model, load_policy, save_policy
 from arborl.policy.tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, train_tokenizer
 
@@ -10,6 +11,7 @@ __all__ = [
     "CHAT_TEMPLATE",
     "SPECIAL_TOKENS",
     "ChatRenderer",
+    "CheckpointError",
     "ModelConfig",
     "Observation",
     "TemplateError",
@@ -17,6 +19,7 @@ __all__ = [
     "load_policy",
     "observation_text",
     "save_policy",
+    "stock_tokenizer_problem",
     "token_logprobs",
     "token_logprobs_and_entropy",
     "train_tokenizer",

@@ -3,9 +3,12 @@
 :func:`build_model` makes a tiny randomly initialised Qwen2 or Llama model sized to a tokenizer;
 :func:`save_policy` writes a checkpoint directory (``config.json``, ``model.safetensors``,
 tokenizer files with the chat template) that plain ``AutoModelForCausalLM.from_pretrained`` and
-``AutoTokenizer.from_pretrained`` read; :func:`load_policy` reads any local HF causal-LM
-checkpoint directory that ships a chat template (e.g. a downloaded Qwen2.5-0.5B-Instruct), so
-nothing downstream assumes the tiny model.
+``AutoTokenizer.from_pretrained`` read exactly as arborl does: both refuse, with
+:class:`~arborl.policy.portable.CheckpointError`, a model type whose stock tokenizer class would
+rebuild the tokenizer differently (see :mod:`arborl.policy.portable`). :func:`load_policy` reads
+any local HF causal-LM checkpoint directory that ships a chat template (e.g. a downloaded
+Qwen2.5-0.5B-Instruct), so nothing downstream assumes the tiny model, and still reads the
+Qwen2-with-word-level-tokenizer checkpoints older arborl versions wrote (with a warning).
 
 Attention runs with the ``eager`` implementation: on CPU it is as fast as ``sdpa`` for these
 sizes, and it gives the same numbers whether keys come from a kept KV cache or a fresh forward
@@ -15,6 +18,7 @@ pass (the rollout relies on that; see ``tests/rollout``).
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -30,6 +34,8 @@ from transformers import (
     Qwen2Config,
 )
 
+from arborl.policy.portable import CheckpointError, stock_tokenizer_problem
+
 ATTN_IMPLEMENTATION = "eager"
 """Attention kernel used for every policy this module builds or loads."""
 
@@ -39,9 +45,10 @@ class ModelConfig:
     """Shape of a policy built from scratch (defaults: ~2M parameters with a small vocabulary)."""
 
     arch: Literal["qwen2", "llama"] = "llama"
-    """Architecture family: ``llama`` or ``qwen2`` (adds q/k/v biases). The default is ``llama``
-    because ``AutoTokenizer`` forces the Qwen2 BPE tokenizer class on ``qwen2`` checkpoints, which
-    would mangle the word-level tokenizer of a from-scratch policy (``load_policy`` corrects it)."""
+    """Architecture family: ``llama`` or ``qwen2`` (adds q/k/v biases). A from-scratch policy's
+    word-level tokenizer needs ``llama``: transformers loads every ``qwen2`` checkpoint with its
+    byte-level ``Qwen2Tokenizer``, which drops the words, so ``build_model`` refuses ``qwen2``
+    with that tokenizer (``qwen2`` works with a Qwen2 tokenizer)."""
     hidden_size: int = 256
     """Width of the residual stream; must be divisible by ``num_heads``."""
     num_layers: int = 2
@@ -96,9 +103,14 @@ def build_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, *, seed: i
 
     Returns:
         The model in float32, eval mode, with ``eager`` attention.
+
+    Raises:
+        CheckpointError: stock loaders would read ``tokenizer`` differently beside a ``cfg.arch``
+            model (e.g. the word-level tokenizer with ``qwen2``).
     """
     if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
         raise ValueError("the tokenizer has no eos_token or pad_token; set both before building a model")
+    _require_portable(tokenizer, cfg.arch, "cannot build this policy")
     common = dict(
         vocab_size=len(tokenizer),
         hidden_size=cfg.hidden_size,
@@ -134,10 +146,15 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path
 
     Returns:
         The directory path.
+
+    Raises:
+        CheckpointError: ``AutoTokenizer`` would read the saved tokenizer differently (nothing is
+            written then).
     """
     if not tokenizer.chat_template:
         raise ValueError("the tokenizer has no chat_template; set one so the checkpoint can render chats")
     out = Path(path)
+    _require_portable(tokenizer, model.config.model_type, f"refusing to write {str(out)!r}")
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
@@ -181,13 +198,23 @@ def load_policy(path: str | Path, *, dtype: torch.dtype = torch.float32) -> tupl
     return model.eval(), tokenizer
 
 
+def _require_portable(tokenizer: PreTrainedTokenizerBase, model_type: str, what: str) -> None:
+    problem = stock_tokenizer_problem(tokenizer, model_type)
+    if problem is not None:
+        raise CheckpointError(
+            f"{what}: {problem}, so transformers, TRL and vLLM would feed the model other tokens than arborl. "
+            "Fix: build from-scratch policies with policy.model.arch = 'llama' (its checkpoints keep "
+            "tokenizer.json as written), or use a tokenizer made for this architecture"
+        )
+
 
 def _load_tokenizer(d: Path) -> PreTrainedTokenizerBase:
     """``AutoTokenizer``, unless it rebuilt a tokenizer that disagrees with ``tokenizer.json``.
 
     transformers maps some model types (e.g. ``qwen2``) to a tokenizer class that rebuilds a BPE
     model from the vocabulary and ignores the model stored in ``tokenizer.json``; a word-level
-    tokenizer saved beside a Qwen2-architecture model would then lose its words. The file wins.
+    tokenizer saved beside a Qwen2-architecture model (what arborl wrote before it checked this)
+    would then lose its words. The file wins, with a warning: other tools still misread it.
     """
     tokenizer = AutoTokenizer.from_pretrained(d)
     file = d / "tokenizer.json"
@@ -196,5 +223,13 @@ def _load_tokenizer(d: Path) -> PreTrainedTokenizerBase:
         stored = json.loads(file.read_text(encoding="utf-8")).get("model", {}).get("type")
         loaded = json.loads(backend.to_str()).get("model", {}).get("type")
         if stored is not None and stored != loaded:
+            warnings.warn(
+                f"{str(d)!r} was written by an older arborl: plain transformers (AutoTokenizer) reads its "
+                f"{stored} tokenizer as a {loaded} {type(tokenizer).__name__} and loses its words, so TRL and vLLM "
+                "misread it too. arborl reads tokenizer.json as written and can evaluate it, but save_policy refuses "
+                "to write it again; retrain with policy.model.arch = 'llama' for a portable checkpoint",
+                UserWarning,
+                stacklevel=3,
+            )
             tokenizer = PreTrainedTokenizerFast.from_pretrained(d)
     return tokenizer

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
+
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
 
 from arborl.policy import train_tokenizer
 
@@ -33,20 +36,29 @@ def word_tokenizer() -> PreTrainedTokenizerFast:
     return train_tokenizer(CORPUS)
 
 
-@pytest.fixture(scope="session")
-def chatml_tokenizer() -> PreTrainedTokenizerFast:
+def qwen2_tokenizer(texts: Iterable[str], *, vocab_size: int, chat_template: str) -> Qwen2Tokenizer:
+    """A ``Qwen2Tokenizer`` (the class transformers loads for every qwen2 checkpoint) with a
+    byte-level BPE vocabulary trained on ``texts`` and ChatML special tokens."""
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=400,
+        vocab_size=vocab_size,
         special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    bpe.train_from_iterator([*CORPUS, "system user assistant You are a helpful assistant.\n"] * 3, trainer=trainer)
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    tok.chat_template = CHATML_TEMPLATE
+    bpe.train_from_iterator(list(texts), trainer=trainer)
+    model = json.loads(bpe.to_str())["model"]
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
+    tok = Qwen2Tokenizer(vocab=model["vocab"], merges=merges, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
+    tok.chat_template = chat_template
     return tok
+
+
+@pytest.fixture(scope="session")
+def chatml_tokenizer() -> Qwen2Tokenizer:
+    texts = [*CORPUS, "system user assistant You are a helpful assistant.\n"] * 3
+    return qwen2_tokenizer(texts, vocab_size=400, chat_template=CHATML_TEMPLATE)
 
 
 @pytest.fixture(autouse=True)

@@ -30,14 +30,15 @@ def test_model_config_errors_name_the_field(kwargs, field):
         ModelConfig(**kwargs)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_build_model_matches_tokenizer_and_is_seeded(word_tokenizer, arch):
+@pytest.mark.parametrize(("arch", "tokenizer"), [("llama", "word_tokenizer"), ("qwen2", "chatml_tokenizer")])
+def test_build_model_matches_tokenizer_and_is_seeded(request, arch, tokenizer):
+    tok = request.getfixturevalue(tokenizer)
     cfg = ModelConfig(arch=arch, **SMALL)
-    a = build_model(cfg, word_tokenizer, seed=3)
-    b = build_model(cfg, word_tokenizer, seed=3)
-    c = build_model(cfg, word_tokenizer, seed=4)
+    a = build_model(cfg, tok, seed=3)
+    b = build_model(cfg, tok, seed=3)
+    c = build_model(cfg, tok, seed=4)
     assert a.config.model_type == arch
-    assert a.config.vocab_size == len(word_tokenizer)
+    assert a.config.vocab_size == len(tok)
     assert a.get_input_embeddings().weight.data_ptr() == a.get_output_embeddings().weight.data_ptr()
     ids = torch.tensor([[2, 6, 7, 5]])
     assert torch.equal(a(ids).logits, b(ids).logits)
@@ -72,9 +73,8 @@ def test_checkpoint_round_trip_with_plain_auto_classes(tmp_path, word_tokenizer)
     torch.testing.assert_close(loaded(ids).logits, model(ids).logits, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_load_policy_restores_model_and_word_tokenizer(tmp_path, word_tokenizer, arch):
-    model = build_model(ModelConfig(arch=arch, **SMALL), word_tokenizer, seed=0)
+def test_load_policy_restores_model_and_word_tokenizer(tmp_path, word_tokenizer):
+    model = build_model(ModelConfig(**SMALL), word_tokenizer, seed=0)
     save_policy(model, word_tokenizer, tmp_path)
     loaded, tok = load_policy(tmp_path)
     text = "your move ? <answer>left</answer>"

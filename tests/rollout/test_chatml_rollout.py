@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
-
 from arborl.policy import ChatRenderer, ModelConfig, build_model, token_logprobs
 from arborl.rollout import EpisodeSpec, ModelPolicy, RolloutConfig, SamplingConfig, run_episodes
 from arborl.trajectory.schema import linearize
+
+from tests.policy.conftest import qwen2_tokenizer
 
 from .conftest import SYSTEM, WORDS, CountEnv
 
@@ -27,14 +26,8 @@ CHATML = (
 
 @pytest.fixture(scope="module")
 def chatml():
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    bpe.train_from_iterator([SYSTEM, " ".join(WORDS), "system user assistant 0123456789"] * 3, trainer=trainer)
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    tok.chat_template = CHATML
+    tok = qwen2_tokenizer([SYSTEM, " ".join(WORDS), "system user assistant 0123456789"] * 3, vocab_size=300,
+                          chat_template=CHATML)
     model = build_model(ModelConfig(arch="qwen2", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                                     intermediate_size=128, max_position_embeddings=1024), tok, seed=0)
     return ChatRenderer(tok, SYSTEM), model
