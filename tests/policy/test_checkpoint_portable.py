@@ -16,18 +16,17 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
+from arborl.config import load_config
 from arborl.policy import (
-    CheckpointError,
     ChatRenderer,
+    CheckpointError,
     ModelConfig,
     build_model,
     load_policy,
     save_policy,
-    train_tokenizer,
 )
 from arborl.rollout import ModelPolicy, run_episodes
 from arborl.train.common import env_factory
-from arborl.config import load_config
 from arborl.train.config import TrainConfig
 from arborl.train.stages import prepare_policy, specs_for
 

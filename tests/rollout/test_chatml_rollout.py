@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from arborl.policy import ChatRenderer, ModelConfig, build_model, token_logprobs
 from arborl.rollout import EpisodeSpec, ModelPolicy, RolloutConfig, SamplingConfig, run_episodes
 from arborl.trajectory.schema import linearize
-
 from tests.policy.conftest import qwen2_tokenizer
 
 from .conftest import SYSTEM, WORDS, CountEnv
