@@ -2,5 +2,6 @@
 
 from arborl.env.base import Env, StepResult
 from arborl.env.check import EnvCheckError, check_env
+from arborl.env.wrappers import EpisodeGuard, guard
 
-__all__ = ["Env", "EnvCheckError", "StepResult", "check_env"]
+__all__ = ["Env", "EnvCheckError", "EpisodeGuard", "StepResult", "check_env", "guard"]

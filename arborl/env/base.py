@@ -18,10 +18,11 @@ The env's own reward for an invalid action is 0 and its ``state_key()`` does not
 env may still count the turn against its step limit). At the end of an episode
 ``info["success"]`` is a bool.
 
-Stepping after the episode ended (``terminated`` or ``truncated`` was returned) is a caller
-bug, but it must not kill the trainer either: the env returns the final observation again with
-reward ``0.0``, ``terminated=False``, ``truncated=True``, ``info["action_valid"] = False`` and
-``info["error"]`` saying to call ``reset()``, and the state does not change.
+An env only has to play one episode at a time: what a step after the end (``terminated`` or
+``truncated`` was returned) gets back is not its business. arborl drives every env through
+:class:`arborl.env.wrappers.EpisodeGuard`, which answers such a step itself (the final
+observation again, reward ``0.0``, ``truncated=True``, ``info["action_valid"] = False``, an
+``info["error"]`` saying to call ``reset()``) without calling the env.
 
 Optional attributes the rest of arborl uses when present:
 

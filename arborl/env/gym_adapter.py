@@ -21,7 +21,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from arborl.env.base import StepResult
-from arborl.env.parsing import ENDED_ERROR, extract_action, invalid_message
+from arborl.env.parsing import extract_action, invalid_message
 
 SuccessFn = Callable[[Any, float, bool, bool, dict], bool]
 
@@ -99,23 +99,17 @@ class GymTextEnv:
         self.task_type = f"gym:{spec.id}" if spec is not None else type(env).__name__
         self._obs: Any = None
         self._reset_done = False
-        self._done = False
-        self._last_success = False
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
         """Reset the wrapped env; returns its ``(obs, info)`` (info copied)."""
         obs, info = self.env.reset(seed=seed, options=options)
-        self._obs, self._reset_done, self._done, self._last_success = obs, True, False, False
+        self._obs, self._reset_done = obs, True
         return obs, dict(info)
 
     def step(self, action: str) -> StepResult:
         """Parse the model's text and step the wrapped env; never raises on malformed text."""
         if not self._reset_done:
             raise RuntimeError("GymTextEnv: call reset() before step().")
-        if self._done:
-            return StepResult(self._obs, 0.0, False, True,
-                              {"action_valid": False, "action": None, "error": ENDED_ERROR,
-                               "success": self._last_success})
         name = extract_action(action, self.actions)
         if name is None:
             error = invalid_message(action, self.actions)
@@ -128,9 +122,7 @@ class GymTextEnv:
         info = dict(env_info)
         info.update(action_valid=True, action=name)
         if terminated or truncated:
-            self._done = True
-            self._last_success = bool(self._success(obs, reward, terminated, truncated, info))
-            info["success"] = self._last_success
+            info["success"] = bool(self._success(obs, reward, terminated, truncated, info))
         self._obs = obs
         return StepResult(obs, reward, terminated, truncated, info)
 

@@ -89,8 +89,3 @@ def invalid_message(text: str, actions: Sequence[str]) -> str:
         "(optionally inside <answer></answer>). Nothing moved."
     )
 
-
-ENDED_ERROR = (
-    "step() called after the episode ended; call reset() to start a new episode"
-)
-"""``info["error"]`` of a step after the episode ended (the envs answer it, they do not raise)."""

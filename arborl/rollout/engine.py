@@ -61,6 +61,7 @@ from typing import Any
 import torch
 
 from arborl.env.base import Env
+from arborl.env.wrappers import guard
 from arborl.policy.chat import ChatRenderer, observation_text
 from arborl.rollout.config import EpisodeSpec, RolloutConfig
 from arborl.rollout.generate import TurnOutput, TurnRequest
@@ -222,7 +223,7 @@ def _start(
         policy_version=policy_version,
         iteration=iteration,
         source=source,
-        metadata={"env": type(env).__name__ if env is not None else None},
+        metadata={"env": type(env.unwrapped).__name__ if env is not None else None},
     )
     if spec.options is not None and _is_jsonable(spec.options):
         ep.metadata["options"] = spec.options
@@ -315,13 +316,17 @@ def _step(lv: _Live, turn: Turn, cfg: RolloutConfig, renderer: ChatRenderer) -> 
 
 
 class _EnvPool:
-    """Envs by slot: from a list (borrowed, never closed) or built by a factory (closed at the end)."""
+    """Envs by slot: from a list (borrowed, never closed) or built by a factory (closed at the end).
+
+    Every env is handed out inside an :class:`~arborl.env.wrappers.EpisodeGuard`, so the
+    episode-boundary rules hold whatever the env does after its end.
+    """
 
     def __init__(self, source: Callable[[], Env] | list[Env]) -> None:
         if isinstance(source, list | tuple):
             if not source:
                 raise ValueError("the env list is empty; pass at least one env or an env factory")
-            self._fixed: list[Any] | None = list(source)
+            self._fixed: list[Any] | None = [guard(env) for env in source]
             self._factory: Callable[[], Env] | None = None
         elif callable(source):
             self._fixed, self._factory = None, source
@@ -337,7 +342,7 @@ class _EnvPool:
         if self._fixed is not None:
             return self._fixed[slot]
         if slot not in self._built:
-            self._built[slot] = self._factory()  # type: ignore[misc]
+            self._built[slot] = guard(self._factory())  # type: ignore[misc]
         return self._built[slot]
 
     def discard(self, slot: int) -> None:

@@ -6,27 +6,26 @@ import random
 import pytest
 
 from arborl.env import EnvCheckError, StepResult, check_env
-from arborl.env.parsing import ENDED_ERROR, extract_action
+from arborl.env.parsing import extract_action
 
 
 class Corridor:
-    """A correct minimal env: walk right from 0 to 3 in at most 6 steps."""
+    """A correct minimal env: walk right from 0 to 3 in at most 6 steps (no done flag: arborl's
+    EpisodeGuard answers steps after the end)."""
 
     task_type = "corridor"
     actions = ("left", "right")
     max_steps = 6
 
     def __init__(self):
-        self.pos, self.steps, self.done, self.start = 0, 0, False, 0
+        self.pos, self.steps, self.start = 0, 0, 0
 
     def reset(self, *, seed=None, options=None):
         self.start = random.Random(seed).randrange(3)
-        self.pos, self.steps, self.done = self.start, 0, False
+        self.pos, self.steps = self.start, 0
         return self.pos, {}
 
     def step(self, action):
-        if self.done:
-            return StepResult(self.pos, 0.0, False, True, {"action_valid": False, "error": ENDED_ERROR, "success": self.pos == 3})
         self.steps += 1
         name = extract_action(action, self.actions)
         info = {"action_valid": name is not None}
@@ -36,7 +35,7 @@ class Corridor:
             self.pos = max(0, self.pos + (1 if name == "right" else -1))
         terminated, truncated = self.pos == 3, self.steps >= self.max_steps and self.pos != 3
         if terminated or truncated:
-            self.done, info["success"] = True, terminated
+            info["success"] = terminated
         return StepResult(self.pos, 1.0 if terminated else 0.0, terminated, truncated, info)
 
     def format_observation(self, obs):
@@ -76,7 +75,7 @@ class NotSeeded(Corridor):
 
     def reset(self, *, seed=None, options=None):
         NotSeeded.counter += 1
-        self.pos, self.steps, self.done = NotSeeded.counter % 3, 0, False
+        self.pos, self.steps = NotSeeded.counter % 3, 0
         return self.pos, {}
 
 
@@ -159,8 +158,10 @@ class TupleStep(Corridor):
 
 
 class RaisesAfterEnd(Corridor):
+    """Raises on a step after the end: allowed, since the guard never lets one through."""
+
     def step(self, action):
-        if self.done:
+        if self.pos == 3:
             raise RuntimeError("episode over")
         return super().step(action)
 
@@ -203,7 +204,6 @@ class CloseRaises(Corridor):
         (IntTerminated, ["expected a bool `terminated`; got int 0"]),
         (MissingSuccess, ["info['success'] to be a bool when the episode ends"]),
         (TupleStep, ["expected an arborl.env.StepResult; got tuple"]),
-        (RaisesAfterEnd, ["after the episode ended", "RuntimeError: episode over"]),
         (WrongExpert, ["expert_action: expected following it from reset(seed=0) to end with info['success'] True",
                        "deterministic = False"]),
         (FormatReturnsDict, ["format_observation (after reset): expected a str or a list", "got dict"]),
@@ -217,6 +217,11 @@ def test_each_breakage_gets_a_clear_message(env_cls, fragments):
     for fragment in fragments:
         assert fragment in message, message
     assert "Fix:" in message
+
+
+def test_an_env_need_not_answer_steps_after_its_end():
+    for seed in range(5):
+        check_env(RaisesAfterEnd(), seed=seed, n_steps=30)
 
 
 def test_expert_is_not_required_to_succeed_on_a_stochastic_env():

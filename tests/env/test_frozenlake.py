@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from arborl.env import check_env
+from arborl.env import check_env, guard
 from arborl.env.envs import FrozenLake
 from arborl.env.envs._grid import in_heldout_part
 from arborl.env.envs.frozenlake import HELDOUT_SEED_START, generate_map, heldout_maps, map_fingerprint
@@ -88,7 +88,7 @@ def test_step_limit_truncates_and_counts_invalid_actions():
 
 
 def test_step_after_end_returns_truncated_with_error():
-    env = FrozenLake()
+    env = guard(FrozenLake())
     env.reset(seed=0, options={"desc": ["SG"]})
     assert env.step("Right").terminated
     key = env.state_key()

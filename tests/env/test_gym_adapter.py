@@ -7,7 +7,7 @@ import pytest
 gymnasium = pytest.importorskip("gymnasium", reason="GymTextEnv needs gymnasium (the `gym` extra)")
 np = pytest.importorskip("numpy")
 
-from arborl.env import check_env  # noqa: E402
+from arborl.env import check_env, guard  # noqa: E402
 from arborl.env.gym_adapter import GymTextEnv, to_hashable  # noqa: E402
 
 LAKE_ACTIONS = ["Left", "Down", "Right", "Up"]
@@ -38,7 +38,7 @@ def test_frozenlake_route_to_goal():
 
 
 def test_frozenlake_hole_is_a_failure_and_step_after_end_is_answered():
-    env = lake()
+    env = guard(lake())
     env.reset(seed=0)
     env.step("Down")
     hole = env.step("Right")  # state 5 is a hole

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from arborl.env.base import StepResult
-from arborl.env.parsing import ENDED_ERROR, extract_action, invalid_message
+from arborl.env.parsing import extract_action, invalid_message
 
 OBS_FORMATS = ("rows", "rows+cols", "grid")
 
@@ -114,15 +114,13 @@ class _GridState(Protocol):
 
 
 def begin_step(env: _GridState, action: str, actions: Sequence[str]) -> tuple[str | None, StepResult | None]:
-    """The part of ``step`` every grid env shares: refuse after the end, count the step, parse the action.
+    """The part of ``step`` every grid env shares: count the step, parse the action.
 
     Returns ``(name, None)`` for a valid action (the env then applies it), or ``(None, result)``
-    when the step is already answered: after the episode ended, or for malformed text (the state
-    stays, the step counts, and the last allowed step truncates).
+    when the step is already answered: malformed text (the state stays, the step counts, and the
+    last allowed step truncates). Steps after the end never reach the env
+    (:class:`arborl.env.wrappers.EpisodeGuard` answers them).
     """
-    if env._done:
-        info = {"action_valid": False, "action": None, "error": ENDED_ERROR, "success": env._success}
-        return None, StepResult(env._last_obs, 0.0, False, True, info)
     env._steps += 1
     name = extract_action(action, actions)
     if name is not None:
