@@ -9,7 +9,7 @@ the step acted from (equal codes = equal states), used by GiGPO.
 Every vectorised estimator has a slow ``*_reference`` loop beside it; the tests check that they
 agree on random inputs.
 
-Departures from the papers / reference code, on purpose (see credit-spec.md §2, §6):
+Departures from the papers / reference code, on purpose (see docs/credit.md §2, §3):
 
 * GRPO group statistics are taken over *trajectories*, not over step rows (verl-agent's
   ``compute_mean_std_cross_steps=True`` weights long episodes by their length).

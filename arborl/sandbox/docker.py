@@ -26,7 +26,7 @@ Cleanliness guarantee between runs on one container: no process of a previous ru
 checked empty, and nothing else is writable. Memory the snippet used is freed with its processes.
 
 What it does NOT isolate: the kernel is shared (a kernel exploit escapes; use a microVM for that,
-see ``microvm.md``); runc is the boundary (Debian's 1.1.5+ds1-1+deb12u1 carries the
+see ``docs/microvm.md``); runc is the boundary (Debian's 1.1.5+ds1-1+deb12u1 carries the
 CVE-2024-21626 fix); CPU time is shared with the host beyond ``--cpus``; the seccomp filter is a
 deny list on top of Docker's isolation, not an allow list (Docker's default profile, an allow
 list, is replaced by it: the syscalls only that profile refuses, such as ``reboot`` or

@@ -13,7 +13,7 @@ credit estimator (``best_step`` in the demo) compares all actions of every visit
 
 Implementation details (where this departs from the papers):
 
-* Trajectory-level group statistics (not per step row; credit-spec §2).
+* Trajectory-level group statistics (not per step row; docs/credit.md §2).
 * The invalid-action penalty is part of the episode score as well as the step reward, so a
   malformed answer lowers every token of that trajectory, not only its own turn.
 * ``length_neutral`` (default on) gives each episode the same total weight whatever its length;
