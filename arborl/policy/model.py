@@ -34,7 +34,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from arborl.policy.portable import CheckpointError, stock_tokenizer_problem
+from arborl.policy.portable import CheckpointError, save_tokenizer, stock_tokenizer_problem
 
 ATTN_IMPLEMENTATION = "eager"
 """Attention kernel used for every policy this module builds or loads."""
@@ -157,7 +157,7 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path
     _require_portable(tokenizer, model.config.model_type, f"refusing to write {str(out)!r}")
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    save_tokenizer(tokenizer, out)
     return out
 
 

@@ -12,6 +12,12 @@ type, loads it the way those tools do and compares the two pipelines part by par
 pre-tokenizer, model with its vocabulary and merges, decoder, post-processor, added tokens),
 the chat template and the special tokens. ``build_model`` and ``save_policy`` refuse a
 tokenizer it finds a problem with, so no checkpoint arborl writes is misread elsewhere.
+
+:func:`save_tokenizer` writes the tokenizer files both use. transformers 5 names the class of a
+plain ``tokenizers``-backed tokenizer ``TokenizersBackend`` in ``tokenizer_config.json``, a name
+transformers 4 does not know (4.57 refuses the checkpoint: "Tokenizer class TokenizersBackend
+does not exist"), and many serving stacks still pin 4.x; the file says
+``PreTrainedTokenizerFast`` instead, the name of the same class in both major versions.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-_PIPELINE_PARTS = ("normalizer", "pre_tokenizer", "model", "decoder", "post_processor", "added_tokens")
+_PIPELINE_PARTS = ("model", "normalizer", "pre_tokenizer", "decoder", "post_processor", "added_tokens")
 _SPECIAL = ("eos_token", "pad_token", "unk_token", "bos_token")
 
 
@@ -42,7 +48,7 @@ def stock_tokenizer_problem(tokenizer: PreTrainedTokenizerBase, model_type: str)
         class it builds and the first part that differs.
     """
     with tempfile.TemporaryDirectory(prefix="arborl-tok-") as tmp:
-        tokenizer.save_pretrained(tmp)
+        save_tokenizer(tokenizer, tmp)
         Path(tmp, "config.json").write_text(json.dumps({"model_type": model_type}), encoding="utf-8")
         stock = AutoTokenizer.from_pretrained(tmp)
     where = f"AutoTokenizer loads a {model_type!r} checkpoint's tokenizer as {type(stock).__name__}"
@@ -56,6 +62,16 @@ def stock_tokenizer_problem(tokenizer: PreTrainedTokenizerBase, model_type: str)
         if getattr(stock, name) != getattr(tokenizer, name):
             return f"{where}, whose {name} is {getattr(stock, name)!r} instead of {getattr(tokenizer, name)!r}"
     return None
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerBase, path: str | Path) -> None:
+    """``tokenizer.save_pretrained(path)``, with a class name transformers 4 and 5 both read."""
+    tokenizer.save_pretrained(path)
+    config_file = Path(path) / "tokenizer_config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    if config.get("tokenizer_class") == "TokenizersBackend":
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+        config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _pipeline(tokenizer: PreTrainedTokenizerBase) -> dict:

@@ -1,6 +1,6 @@
 """A checkpoint arborl writes is read by plain transformers exactly as arborl reads it.
 
-The policy is built the way ``arborl train`` builds it (``prepare_policy`` on the demo config,
+The policy is the demo's, trained and saved by ``arborl train`` itself (synth and a short SFT,
 shrunk), then loaded with nothing but ``AutoTokenizer`` and ``AutoModelForCausalLM``: the chat
 template must render the same token ids arborl's rollout fed, and greedy ``generate`` must write
 the same tokens arborl's own greedy rollout wrote, turn after turn, on held-out maps.
@@ -9,8 +9,11 @@ the same tokens arborl's own greedy rollout wrote, turn after turn, on held-out 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import warnings
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,23 +31,30 @@ from arborl.policy import (
 from arborl.rollout import ModelPolicy, run_episodes
 from arborl.train.common import env_factory
 from arborl.train.config import TrainConfig
-from arborl.train.stages import prepare_policy, specs_for
+from arborl.train.stages import specs_for
 
 SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=64, max_position_embeddings=256)
-TINY_POLICY = [
-    "policy.tokenizer_episodes=40", "policy.model.hidden_size=32", "policy.model.num_layers=1",
-    "policy.model.num_heads=2", "policy.model.num_kv_heads=2", "policy.model.intermediate_size=64",
-    "rollout.max_turns=3",
+ROOT = Path(__file__).resolve().parents[2]
+# Enough cold start for greedy actions that depend on the map (measured: all four actions, about
+# half the held-out maps solved), in about 30 s on a shared CPU.
+SHORT_SFT = [
+    'stages=["synth","sft"]', "synth.episodes=300", "sft.steps=200", "sft.eval_every=0",
+    "policy.tokenizer_episodes=100", "policy.model.hidden_size=64", "policy.model.num_heads=2",
+    "policy.model.num_kv_heads=2", "policy.model.intermediate_size=128", "threads=1",
 ]
 
 
 @pytest.fixture(scope="module")
 def demo_policy(tmp_path_factory):
-    """The demo's initial policy, as ``arborl train examples/frozenlake.toml`` writes it (shrunk)."""
-    run = tmp_path_factory.mktemp("run")
-    cfg = load_config(TrainConfig, "examples/frozenlake.toml", [f'run_dir="{run}"', *TINY_POLICY])
-    make_env = env_factory(cfg.env)
-    return cfg, make_env, prepare_policy(cfg, make_env)
+    """The demo's policy after a short cold start, written by ``arborl train`` itself."""
+    run = tmp_path_factory.mktemp("portable") / "run"
+    args = [a for kv in [f'run_dir="{run}"', *SHORT_SFT] for a in ("--set", kv)]
+    p = subprocess.run([sys.executable, "-m", "arborl.cli", "train", "examples/frozenlake.toml", *args],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT,
+                       env={"ARBORL_PROGRESS": "0", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stdout + p.stderr
+    cfg = load_config(TrainConfig, "examples/frozenlake.toml", [f'run_dir="{run}"', *SHORT_SFT, "rollout.max_turns=4"])
+    return cfg, env_factory(cfg.env), run / "policy" / "sft"
 
 
 def _arborl_greedy(cfg, make_env, path, seeds):
@@ -57,12 +67,14 @@ def _arborl_greedy(cfg, make_env, path, seeds):
 
 def test_plain_transformers_reproduces_arborl_greedy_episodes(demo_policy):
     cfg, make_env, path = demo_policy
-    seeds = [cfg.env.eval_seed_start + k for k in range(4)]
+    seeds = [cfg.env.eval_seed_start + k for k in range(12)]
     episodes = _arborl_greedy(cfg, make_env, path, seeds)
+    actions = [t.action_text for e in episodes for t in e.path()]
+    # The comparison must be informative: greedy actions that depend on the map.
+    assert len({a for a in actions if a in ("Left", "Down", "Right", "Up")}) >= 3 and any(e.success for e in episodes)
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     system = [{"role": "system", "content": cfg.policy.system_prompt}] if cfg.policy.system_prompt else []
-    compared = 0
     for ep in episodes:
         messages, fed = list(system), []
         for turn in ep.path():
@@ -75,13 +87,11 @@ def test_plain_transformers_reproduces_arborl_greedy_episodes(demo_policy):
                 out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=cfg.rollout.sampling.max_new_tokens)
             sampled = [t for t, m in zip(turn.output_ids, turn.output_mask, strict=True) if m]
             assert out[0, len(ids):].tolist() == sampled, f"seed {ep.seed} turn {turn.index}: another greedy action"
+            assert tok.decode(out[0, len(ids):], skip_special_tokens=True) == turn.action_text
             fed += turn.output_ids
             messages.append({"role": "assistant", "content": turn.action_text})
-            compared += 1
-    assert compared >= len(seeds)
-    # One token per map word (rows unseen by a 40-episode tokenizer are <|unk|>, as in arborl).
     obs = episodes[0].path()[0].observation
-    assert len(tok.tokenize(obs)) == len(obs.split()) == 8
+    assert len(tok.tokenize(obs)) == len(obs.split()) == 8  # one token per map word
 
 
 def test_stock_tokenizer_files_carry_template_and_special_tokens(demo_policy):
@@ -94,12 +104,14 @@ def test_stock_tokenizer_files_carry_template_and_special_tokens(demo_policy):
     assert tok.chat_template == ours.chat_template
     config = json.loads((path / "config.json").read_text())
     assert (config["eos_token_id"], config["pad_token_id"]) == (tok.eos_token_id, tok.pad_token_id)
+    # transformers 4.x (still pinned by serving stacks) does not know the name "TokenizersBackend".
+    assert json.loads((path / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
 
 
 def test_a_policy_stock_loaders_would_misread_is_refused(word_tokenizer):
     # transformers loads every qwen2 checkpoint with Qwen2Tokenizer (a byte-level BPE rebuilt from
     # the vocabulary), which drops the words of a word-level tokenizer.
-    with pytest.raises(CheckpointError, match="arch = 'llama'"):
+    with pytest.raises(CheckpointError, match=r"as Qwen2Tokenizer, whose model differs .*WordLevel.* saved, BPE.*arch = 'llama'"):
         build_model(ModelConfig(arch="qwen2", **SMALL), word_tokenizer, seed=0)
 
 
