@@ -1,4 +1,4 @@
-"""arborl.policy: tokenizer, model factory, chat rendering and per-token log-probs of the policy."""
+"""arborl.policy: tokenizer, model factory, portable checkpoints, chat rendering and per-token log-probs."""
 
 from arborl.policy.chat import ChatRenderer, Observation, TemplateError, observation_text
 from arborl.policy.logprobs import token_logprobs, token_logprobs_and_entropy
