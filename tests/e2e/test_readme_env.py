@@ -45,11 +45,20 @@ def user_package(tmp_path_factory):
     return root, commands
 
 
+def user_env(root: Path) -> dict[str, str]:
+    return {"ARBORL_PROGRESS": "0", "PATH": "/usr/bin:/bin", "PYTHONPATH": f"{ROOT}:{root}"}
+
+
 def test_readme_env_passes_check_env(user_package, monkeypatch):
     root, commands = user_package
+    # The README's check command, as a shell would run it.
+    check = shlex.split(commands[0])
+    assert check[0] == "python" and "check_env(Maze())" in check[-1]
+    p = subprocess.run([sys.executable, *check[1:]], capture_output=True, text=True, env=user_env(root), cwd=root)
+    assert p.returncode == 0, p.stderr
+    # And on more seeds and sizes than the README shows.
     monkeypatch.syspath_prepend(str(root))
     envs = importlib.import_module("my_pkg.envs")
-    assert 'from my_pkg.envs import Maze; check_env(Maze())' in commands[0]
     for seed in range(10):
         check_env(envs.Maze(), seed=seed)
         check_env(envs.Maze(size=5), seed=seed)
@@ -62,9 +71,8 @@ def test_readme_env_trains_through_the_cli_by_import_path(user_package, tmp_path
     assert args[:3] == ["arborl", "train", "examples/frozenlake.toml"]
     for kv in [f'run_dir="{tmp_path}"', *TINY]:
         args += ["--set", kv]
-    env = {"ARBORL_PROGRESS": "0", "PATH": "/usr/bin:/bin", "PYTHONPATH": f"{ROOT}:{root}"}
-    p = subprocess.run([sys.executable, "-m", "arborl.cli", *args[1:]], capture_output=True, text=True, env=env,
-                       timeout=600, cwd=ROOT)
+    p = subprocess.run([sys.executable, "-m", "arborl.cli", *args[1:]], capture_output=True, text=True,
+                       env=user_env(root), timeout=600, cwd=ROOT)
     assert p.returncode == 0, p.stdout + p.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["config"]["env"] == {**summary["config"]["env"], "cls": "my_pkg.envs:Maze", "kwargs": {"size": 5}}
