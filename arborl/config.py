@@ -8,12 +8,17 @@ fix; unknown keys come with the closest valid names.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
+import functools
+import inspect
 import json
+import textwrap
 import tomllib
 import types
 import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -55,6 +60,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is not None:
+        return str(tp).replace("typing.", "")
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
@@ -162,3 +169,63 @@ def load_config(cls: type[T], path: str | Path | None, overrides: list[str] | No
 def to_dict(cfg: Any) -> dict[str, Any]:
     """A config tree as plain dicts (for saving next to a run)."""
     return dataclasses.asdict(cfg)
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """The attribute docstring of each field of dataclass ``cls`` (the string literal written under it).
+
+    These docstrings are the single place a config field is documented; ``arborl config show``
+    and ``arborl config keys`` print them.
+    """
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):  # no source (e.g. a class built at run time): no help text
+        return {}
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    docs: dict[str, str] = {}
+    for node, nxt in zip(body, body[1:], strict=False):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+            docs[node.target.id] = inspect.cleandoc(nxt.value.value)
+    return docs
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """One leaf key of a config tree, as ``arborl config keys|show`` print it."""
+
+    key: str
+    """Dotted key, e.g. ``rl.lr``."""
+    type: str
+    """The annotated type, as text."""
+    default: Any
+    """The value a config without this key gets."""
+    value: Any
+    """The value in the config that was walked (the default when walking the class)."""
+    help: str
+    """The field's attribute docstring ("" when it has none)."""
+
+
+def config_keys(cfg: Any, *, prefix: str = "", default: Any = None) -> list[KeyInfo]:
+    """Every leaf key under config ``cfg`` (a dataclass or an instance of one), in field order.
+
+    A leaf is a field whose value is not itself a config dataclass (``env.kwargs`` is one leaf).
+    ``default`` is the tree the defaults are read from (the class's own defaults when omitted).
+    """
+    if isinstance(cfg, type):
+        cfg = cfg()
+    cls = type(cfg)
+    defaults = default if default is not None else cls()
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    out: list[KeyInfo] = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        value, base = getattr(cfg, f.name), getattr(defaults, f.name)
+        if dataclasses.is_dataclass(value):
+            out += config_keys(value, prefix=f"{prefix}{f.name}.", default=base)
+        else:
+            out.append(KeyInfo(prefix + f.name, _type_name(hints[f.name]), base, value, docs.get(f.name, "")))
+    return out

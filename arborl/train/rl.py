@@ -121,12 +121,7 @@ def _branch_rollout_config(cfg: TrainConfig) -> RolloutConfig:
     sampling = cfg.rollout.sampling
     if not (cfg.rl.branch and cfg.rl.branch_greedy) or sampling.greedy:
         return cfg.rollout
-    if sampling.temperature != 1.0:
-        raise ValueError(
-            f"rl.branch_greedy = true needs rollout.sampling.temperature = 1 (it is {sampling.temperature}): a "
-            "greedy branch records its forced action's log-prob at temperature 1. Set the temperature to 1 or "
-            "rl.branch_greedy = false"
-        )
+    # TrainConfig has checked that the sampling temperature is 1 here
     return dataclasses.replace(cfg.rollout, sampling=dataclasses.replace(sampling, greedy=True))
 
 
