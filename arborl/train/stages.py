@@ -25,6 +25,7 @@ from arborl.policy import (
 from arborl.rollout import EpisodeSpec, ModelPolicy, RolloutConfig, ScriptedPolicy, run_episodes
 from arborl.train.common import task_type_of
 from arborl.train.config import TrainConfig
+from arborl.train.progress import progress
 from arborl.trajectory import Episode
 
 
@@ -115,8 +116,15 @@ def synthesize(cfg: TrainConfig, make_env: Callable[[], Env], policy_path: Path,
     seeds = [cfg.env.train_seed_start + k for k in range(cfg.synth.episodes)]
     specs = specs_for(cfg, task_type, seeds, group_prefix="synth")
     gen = torch.Generator().manual_seed(cfg.seed)
-    episodes = run_episodes(ScriptedPolicy(expert, renderer), make_env, specs, cfg.rollout, generator=gen,
-                            policy_version=0, iteration=-1, source="synth")
+    episodes: list[Episode] = []
+    shown: dict[str, float] = {}
+    size = cfg.rollout.batch_size  # one engine batch per bar step; the scripted expert draws no random numbers
+    chunks = [specs[i:i + size] for i in range(0, len(specs), size)]
+    for chunk in progress(chunks, "synth", status=shown):
+        episodes += run_episodes(ScriptedPolicy(expert, renderer), make_env, chunk, cfg.rollout, generator=gen,
+                                 policy_version=0, iteration=-1, source="synth")
+        shown.update(episodes=len(episodes), success=sum(1.0 for e in episodes if e.success) / len(episodes),
+                     reward=sum(float(e.rewards.get("return") or 0.0) for e in episodes) / len(episodes))
     if cfg.synth.only_successful:
         episodes = [e for e in episodes if e.success]
     store.put_many(episodes)
