@@ -83,7 +83,7 @@ def env_factory(spec: EnvSpec) -> Callable[[], Env]:
         missing = [m for m in ("reset", "step", "format_observation") if not callable(getattr(env, m, None))]
         if missing:
             raise EnvCheckError(
-                f"env.cls = {spec.cls!r} builds a {type(env).__name__}, which is not an env: it has no "
+                f"env.cls = {spec.cls!r} is not an env: {type(env).__name__} has no "
                 f"{', '.join(missing)}. An env needs reset(seed=...), step(action) and format_observation(obs) "
                 "(see arborl/env/base.py)"
             )

@@ -4,7 +4,8 @@
 ``wandb`` and ``mlflow``. The last two are optional extras and read their usual environment
 variables: ``WANDB_MODE=offline`` writes the run under ``run_dir/wandb`` without a network,
 ``WANDB_PROJECT`` names the project (default ``arborl``); ``MLFLOW_TRACKING_URI`` picks the
-tracking server (default: a local ``file:`` store in ``run_dir/mlruns``), ``MLFLOW_EXPERIMENT_NAME``
+tracking server (default: a local ``file:`` store in ``run_dir/mlruns``; arborl sets
+``MLFLOW_ALLOW_FILE_STORE=true`` for a ``file:`` store, which MLflow 3 otherwise refuses), ``MLFLOW_EXPERIMENT_NAME``
 the experiment (default ``arborl``). Every metric is logged as ``<stage>/<name>`` at the stage's
 step (see :data:`arborl.train.common.METRICS`).
 """
@@ -89,6 +90,10 @@ class MlflowLogger:
     def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
         self._mlflow = mlflow = _import_extra("mlflow", "mlflow")
         uri = os.environ.get("MLFLOW_TRACKING_URI") or (run_dir / "mlruns").resolve().as_uri()
+        if uri.startswith("file:"):
+            # MLflow 3 keeps its file store in maintenance and refuses it unless told; it needs no server
+            # and no database driver, which is what a local run wants
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         mlflow.set_tracking_uri(uri)
         mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME", "arborl"))
         self._run = mlflow.start_run(run_name=run_dir.name)

@@ -29,7 +29,7 @@ import tomli_w
 import torch
 
 from arborl.config import ConfigError, to_dict
-from arborl.env import check_env
+from arborl.env import Env, check_env
 from arborl.policy import load_policy
 from arborl.store import open_store
 from arborl.train.common import env_factory, seed_everything
@@ -71,18 +71,25 @@ def run_pipeline(cfg: TrainConfig, credit: CreditFn, *, resume: bool = False, ov
     torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
     run_dir = Path(cfg.run_dir)
+    # everything that can be checked is checked before the run directory is touched
     make_env = env_factory(cfg.env)
+    _check(make_env)
     rd = RunDir(run_dir, default_store=not cfg.store)
     plan = rd.plan(cfg.stages, rl_iterations=cfg.rl.iterations, resume=resume, overwrite=overwrite)
+    if plan.run == ["eval"]:
+        _eval_targets(cfg, checkpoint)
     _say_plan(plan, resume, say)
     run_dir.mkdir(parents=True, exist_ok=True)
-    _save_config(cfg, run_dir)
-    metrics = Metrics(run_dir, cfg.report_to, config=to_dict(cfg))
     summary: dict[str, Any] = {"run_dir": str(run_dir), "store": cfg.store_url, "stage_s": {}}
     summary.update(plan.state.get("sft", {}))
-    try:
-        with open_store(cfg.store_url) as store:
+    with open_store(cfg.store_url) as store:
+        _save_config(cfg, run_dir)
+        metrics = Metrics(run_dir, cfg.report_to, config=to_dict(cfg))
+        try:
             _run_stages(cfg, plan, rd, make_env, store, metrics, credit, summary, checkpoint, say)
+        except BaseException:
+            metrics.close()
+            raise
         rl_rows = [r for r in metrics.rows() if r["stage"] == "rl"]
         summary["env_steps"] = rl_rows[-1]["env_steps"] if rl_rows else summary.get("demo_turns", 0)
         summary["tokens"] = rl_rows[-1]["tokens"] if rl_rows else 0
@@ -92,10 +99,18 @@ def run_pipeline(cfg: TrainConfig, credit: CreditFn, *, resume: bool = False, ov
         summary["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         summary["config"] = to_dict(cfg)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-        plot_learning_curve(metrics.rows(), run_dir / "learning_curve.png", final=summary)
-    finally:
-        metrics.close()
+    plot_learning_curve(metrics.rows(), run_dir / "learning_curve.png", final=summary)
+    metrics.close()
     return summary
+
+
+def _check(make_env: Callable[[], Env]) -> None:
+    """Build one env and run ``check_env`` on it."""
+    env = make_env()
+    try:
+        check_env(env)
+    finally:
+        env.close()
 
 
 def _say_plan(plan: Plan, resume: bool, say: Callable[[str], None]) -> None:
@@ -110,15 +125,7 @@ def _say_plan(plan: Plan, resume: bool, say: Callable[[str], None]) -> None:
 def _run_stages(cfg: TrainConfig, plan: Plan, rd: RunDir, make_env, store, metrics: Metrics, credit: CreditFn,
                 summary: dict[str, Any], checkpoint: str | None, say: Callable[[str], None]) -> None:
     """Run ``plan.run`` in order, recording each finished stage in the run directory."""
-    if set(plan.run) - {"eval"}:
-        init = prepare_policy(cfg, make_env)  # checks the env too
-    else:
-        init = None
-        env = make_env()
-        try:
-            check_env(env)
-        finally:
-            env.close()
+    init = prepare_policy(cfg, make_env) if set(plan.run) - {"eval"} else None
     for stage in plan.run:
         ts = time.time()
         try:
@@ -142,7 +149,7 @@ def _run_stages(cfg: TrainConfig, plan: Plan, rd: RunDir, make_env, store, metri
 
 
 def _progress_fn(console) -> Callable[[str], None]:
-    return (lambda msg: console.print(msg)) if console is not None else (lambda msg: None)
+    return (lambda msg: console.print(msg, soft_wrap=True, highlight=False)) if console is not None else (lambda msg: None)
 
 
 EVAL_LABELS = {"checkpoint": "checkpoint", "init": "initial policy", "sft": "after SFT", "rl": "after RL"}

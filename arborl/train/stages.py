@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from arborl.env import Env, check_env
+from arborl.env import Env
 from arborl.policy import (
     ChatRenderer,
     build_model,
@@ -67,12 +67,7 @@ def _corpus(make_env: Callable[[], Env], episodes: int, seed_start: int, seed: i
 
 
 def prepare_policy(cfg: TrainConfig, make_env: Callable[[], Env]) -> Path:
-    """Check the env, then build (scratch) or validate (local path) the initial policy; return its dir."""
-    env = make_env()
-    try:
-        check_env(env)
-    finally:
-        env.close()
+    """Build (scratch) or validate (local path) the initial policy; return its dir."""
     out = policy_dir(cfg, "init")
     if (out / "config.json").exists():
         return out
