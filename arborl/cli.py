@@ -115,16 +115,19 @@ def _run(args: argparse.Namespace) -> int:
 def _config_show(args: argparse.Namespace) -> int:
     from arborl.config import config_keys
 
-    section = None
+    print(f"# arborl config resolved from {args.config or 'the defaults'}"
+          + (f" with --set {' '.join(args.set)}" if args.set else "") + "; `# default:` marks changed keys")
+    sections: dict[str, list] = {}  # a section's own keys together, before its sub-tables (valid TOML)
     for k in config_keys(_load(args)):
-        head, _, name = k.key.rpartition(".")
-        if head != section:
-            section = head
+        sections.setdefault(k.key.rpartition(".")[0], []).append(k)
+    for head, keys in sections.items():
+        if head:
             print(f"\n[{head}]")
-        for line in k.help.splitlines():
-            print(f"# {line}")
-        note = "" if k.value == k.default else f"  # default: {_toml_value(k.default)}"
-        print(f"{name} = {_toml_value(k.value)}{note}")
+        for k in keys:
+            for line in k.help.splitlines():
+                print(f"# {line}")
+            note = "" if k.value == k.default else f"  # default: {_toml_value(k.default)}"
+            print(f"{k.key.rpartition('.')[2]} = {_toml_value(k.value)}{note}")
     return 0
 
 
@@ -139,13 +142,20 @@ def _config_keys(args: argparse.Namespace) -> int:
 
 
 def _toml_value(value: Any) -> str:
-    import json
+    """``value`` as TOML text on one line (tables inline); None, which TOML lacks, as ``""``."""
+    import re
 
     import tomli_w
 
     if value is None:
         return '""'
-    return tomli_w.dumps({"v": json.loads(json.dumps(value))}).split("=", 1)[1].strip()
+    if isinstance(value, dict):
+        items = [f"{k if re.fullmatch(r'[A-Za-z0-9_-]+', k) else _toml_value(k)} = {_toml_value(v)}"
+                 for k, v in value.items()]
+        return "{ " + ", ".join(items) + " }" if items else "{}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return tomli_w.dumps({"v": value}).split("=", 1)[1].strip()
 
 
 def _add_config_commands(sub: Any) -> None:

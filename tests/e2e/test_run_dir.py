@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 from clikit import ROOT, arborl, cli_env, sets
 from safetensors.torch import load_file
@@ -21,6 +22,7 @@ def steps(run, stage):
     return [r["step"] for r in rows(run) if r["stage"] == stage]
 
 
+@pytest.mark.slow
 def test_rerun_is_refused_and_overwrite_replaces_the_old_run(tmp_path):
     run = tmp_path / "run"
     extra = ['stages=["synth","sft","rl"]', "rl.iterations=3"]
@@ -73,6 +75,7 @@ def _wait_for_rl_rows(run, proc, n, timeout=120):
     raise AssertionError("no RL iteration in time")
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_at_an_iteration_and_resume_continues_exactly(tmp_path):
     run, straight = tmp_path / "stopped", tmp_path / "straight"
     # constant lr: the schedule then does not depend on rl.iterations, which the resume lowers
