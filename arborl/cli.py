@@ -70,8 +70,8 @@ def summary_table(summary: dict, console) -> None:
     evals = [k for k in EVAL_LABELS if k in summary]
     table = Table(title=f"arborl run: {summary['run_dir']}")
     table.add_column("metric")
-    for k in evals:
-        table.add_column(EVAL_LABELS[k], justify="right")
+    for label in [EVAL_LABELS[k] for k in evals] or ["run"]:
+        table.add_column(label, justify="right")
     for key, label in (("success", "success rate (held-out)"), ("reward", "mean reward"),
                        ("turns", "mean turns"), ("invalid_frac", "invalid actions")):
         table.add_row(label, *[f"{summary[k][key]:.3f}" for k in evals])

@@ -108,3 +108,27 @@ def test_ctrl_c_stops_at_an_iteration_and_resume_continues_exactly(tmp_path):
     b = load_file(run / "policy" / "rl" / "model.safetensors")
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_sft_keeps_synth_and_resume_redoes_only_sft(tmp_path):
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "arborl.cli", "train", CFG, *sets(run, ['stages=["synth","sft"]', "sft.steps=100000",
+                                                                        "sft.eval_every=0"])]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(), cwd=ROOT)
+    t0 = time.time()
+    while not ((run / "metrics.jsonl").exists() and steps(run, "sft")):
+        assert proc.poll() is None and time.time() - t0 < 120, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == ("arborl: stopped during sft; continue with --resume "
+                                            "(sft starts again; finished stages are kept)")
+    p = arborl("train", CFG, "--resume", *sets(run, ['stages=["synth","sft"]', "sft.eval_every=0"]))
+    assert "resume: synth finished earlier; skipped" in p.stdout
+    assert steps(run, "sft") == [1, 2, 3, 4, 5, 6]  # the interrupted stage's rows were replaced, not appended to
+    from arborl.store import open_store
+
+    with open_store(f"sqlite:///{run}/trajectories.db") as store:
+        assert store.count(source="synth") == 60
