@@ -74,7 +74,8 @@ def summary_table(summary: dict, console) -> None:
         table.add_column(label, justify="right")
     for key, label in (("success", "success rate (held-out)"), ("reward", "mean reward"),
                        ("turns", "mean turns"), ("invalid_frac", "invalid actions")):
-        table.add_row(label, *[f"{summary[k][key]:.3f}" for k in evals])
+        if evals:
+            table.add_row(label, *[f"{summary[k][key]:.3f}" for k in evals])
     pad = [""] * max(0, len(evals) - 1)
     table.add_row("env steps", *pad, f"{summary.get('env_steps', 0):,}")
     table.add_row("tokens trained (RL)", *pad, f"{summary.get('tokens', 0):,}")
