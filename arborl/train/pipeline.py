@@ -110,7 +110,9 @@ def _check(make_env: Callable[[], Env]) -> None:
     try:
         check_env(env)
     finally:
-        env.close()
+        close = getattr(env, "close", None)
+        if callable(close):  # an env without close() gets check_env's message, not an AttributeError
+            close()
 
 
 def _say_plan(plan: Plan, resume: bool, say: Callable[[str], None]) -> None:

@@ -59,6 +59,7 @@ def test_config_show_prints_the_resolved_config_as_toml_with_defaults_and_help()
 @pytest.mark.parametrize("args,needle", [
     (["--set", 'env.cls="collections:OrderedDict"'],
      "env.cls = 'collections:OrderedDict' is not an env: OrderedDict has no reset, step, format_observation"),
+    (["--set", 'env.cls="tests.e2e.broken_env:NoClose"'], "NoClose has no callable"),
     (["--set", 'store="mongodb://x/y"'], "store URL 'mongodb://x/y'"),
     (["--set", 'report_to=["comet"]'], "report_to: ['comet'] are unknown"),
     (["--set", "rl.branch=true", "--set", "rollout.sampling.temperature=0.5"],
