@@ -18,6 +18,7 @@ import textwrap
 import tomllib
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -65,24 +66,22 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+_SCALARS: dict[type, tuple[str, Callable[[Any], bool]]] = {
+    float: ("a number", lambda v: isinstance(v, int | float) and not isinstance(v, bool)),
+    int: ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    bool: ("true or false", lambda v: isinstance(v, bool)),
+    str: ("a string", lambda v: isinstance(v, str)),
+}
+"""Scalar types a config field may have: what the error calls them, and which TOML values fit."""
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check/convert a TOML value to the annotated type ``tp``."""
     origin = typing.get_origin(tp)
     if tp is Any:
         return value
     if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(value, a, key)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(f"{key}: {value!r} is not a {_type_name(tp)}")
+        return _coerce_union(value, tp, key)
     if origin is typing.Literal:
         choices = typing.get_args(tp)
         if value not in choices:
@@ -93,37 +92,44 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a table for {tp.__name__}, got {value!r}")
         return build(tp, value, prefix=key + ".")
     if origin in (list, tuple):
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
-        args = typing.get_args(tp)
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            if len(args) != len(value):
-                raise ConfigError(f"{key}: expected {len(args)} items, got {len(value)}")
-            return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
-        inner = args[0] if args else Any
-        items = [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
+        return _coerce_sequence(value, tp, key)
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a table, got {value!r}")
         return dict(value)
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
-        return float(value)
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true or false, got {value!r}")
-        return value
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
-        return value
+    if tp in _SCALARS:
+        what, fits = _SCALARS[tp]
+        if not fits(value):
+            raise ConfigError(f"{key}: expected {what}, got {value!r}")
+        return float(value) if tp is float else value
     return value
+
+
+def _coerce_union(value: Any, tp: Any, key: str) -> Any:
+    args = typing.get_args(tp)
+    if value is None and type(None) in args:
+        return None
+    for a in args:
+        if a is type(None):
+            continue
+        try:
+            return _coerce(value, a, key)
+        except ConfigError:
+            continue
+    raise ConfigError(f"{key}: {value!r} is not a {_type_name(tp)}")
+
+
+def _coerce_sequence(value: Any, tp: Any, key: str) -> list[Any] | tuple[Any, ...]:
+    if not isinstance(value, list | tuple):
+        raise ConfigError(f"{key}: expected a list, got {value!r}")
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is tuple and args and args[-1] is not Ellipsis:
+        if len(args) != len(value):
+            raise ConfigError(f"{key}: expected {len(args)} items, got {len(value)}")
+        return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
+    inner = args[0] if args else Any
+    items = [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+    return tuple(items) if origin is tuple else items
 
 
 def build(cls: type[T], data: dict[str, Any], *, prefix: str = "") -> T:

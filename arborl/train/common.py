@@ -93,10 +93,12 @@ def env_factory(spec: EnvSpec) -> Callable[[], Env]:
 
 
 def task_type_of(env: Env) -> str:
+    """The env's ``task_type`` attribute, or its class name in lower case."""
     return str(getattr(env, "task_type", type(env).__name__.lower()))
 
 
 def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global random streams."""
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
@@ -113,6 +115,7 @@ def rng_state(generator: torch.Generator) -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
+    """Restore what :func:`rng_state` saved."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -120,6 +123,7 @@ def set_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
 
 
 def save_trainer_state(path: Path, state: dict[str, Any]) -> None:
+    """Write ``state`` with ``torch.save``, atomically (a crash leaves no half-written file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
@@ -127,6 +131,7 @@ def save_trainer_state(path: Path, state: dict[str, Any]) -> None:
 
 
 def load_trainer_state(path: Path) -> dict[str, Any]:
+    """Read what :func:`save_trainer_state` wrote."""
     if not path.exists():
         raise FileNotFoundError(f"no trainer state at {path}; the checkpoint is incomplete, start without --resume")
     return torch.load(path, weights_only=False)

@@ -30,6 +30,7 @@ from arborl.trajectory import Episode
 
 
 def policy_dir(cfg: TrainConfig, name: str) -> Path:
+    """``run_dir/policy/<name>``: the ``init``, ``sft`` or ``rl`` checkpoint of the run."""
     return Path(cfg.run_dir) / "policy" / name
 
 
