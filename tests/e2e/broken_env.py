@@ -1,25 +1,6 @@
-"""A deliberately broken environment for the CLI's check_env error path."""
+"""Deliberately broken environments for the CLI's check_env error paths."""
 
 from arborl.env import StepResult
-
-
-class NoStateKey:
-    task_type = "broken"
-
-    def __init__(self, **kwargs):
-        self.kwargs = kwargs
-
-    def reset(self, *, seed=None, options=None):
-        return "start", {}
-
-    def step(self, action):
-        return StepResult("x", 0.0, True, False, {"action_valid": True})
-
-    def format_observation(self, obs):
-        return str(obs)
-
-    def close(self):
-        pass
 
 
 class NoClose:
@@ -36,3 +17,12 @@ class NoClose:
 
     def format_observation(self, obs):
         return str(obs)
+
+
+class NoStateKey(NoClose):
+    """Everything but ``state_key``."""
+
+    task_type = "broken"
+
+    def close(self):
+        pass
