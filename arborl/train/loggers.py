@@ -12,7 +12,7 @@ step (see :data:`arborl.train.common.METRICS`).
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import json
 import os
 import time
@@ -32,16 +32,22 @@ class Logger(Protocol):
         """Flush and release."""
 
 
+EXTRAS = {"tensorboard": ("tensorboard", "arborl"), "wandb": ("wandb", "arborl[wandb]"),
+          "mlflow": ("mlflow", "arborl[mlflow]")}
+"""For each ``report_to`` name: the module it needs and what to install for it."""
+
+
+def check_loggers(report_to: list[str] | tuple[str, ...]) -> None:
+    """Refuse (ConfigError, naming what to install) a ``report_to`` logger whose package is missing."""
+    for name in report_to:
+        module, package = EXTRAS[name]
+        if importlib.util.find_spec(module) is None:
+            raise ConfigError(f"report_to includes {name!r} but {module} is not installed; "
+                              f"pip install '{package}' or remove it from report_to")
+
+
 def _scalars(stage: str, values: dict[str, Any]) -> dict[str, float]:
     return {f"{stage}/{k}": float(v) for k, v in values.items() if isinstance(v, int | float)}
-
-
-def _import_extra(module: str, extra: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise ConfigError(f"report_to includes {extra!r} but {module} is not installed; "
-                          f"pip install 'arborl[{extra}]' or remove it from report_to") from None
 
 
 class TensorBoardLogger:
@@ -66,7 +72,8 @@ class WandbLogger:
     """A Weights & Biases run (its files under ``run_dir/wandb``); ``WANDB_MODE=offline`` needs no network."""
 
     def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
-        wandb = _import_extra("wandb", "wandb")
+        import wandb
+
         self._run = wandb.init(project=os.environ.get("WANDB_PROJECT", "arborl"), name=run_dir.name,
                                dir=str(run_dir), config=config, reinit="finish_previous")
         self._defined: set[str] = set()
@@ -88,7 +95,9 @@ class MlflowLogger:
     """An MLflow run; without ``MLFLOW_TRACKING_URI`` a local ``file:`` tracking store in ``run_dir/mlruns``."""
 
     def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
-        self._mlflow = mlflow = _import_extra("mlflow", "mlflow")
+        import mlflow
+
+        self._mlflow = mlflow
         uri = os.environ.get("MLFLOW_TRACKING_URI") or (run_dir / "mlruns").resolve().as_uri()
         if uri.startswith("file:"):
             # MLflow 3 keeps its file store in maintenance and refuses it unless told; it needs no server
@@ -123,6 +132,7 @@ class Metrics:
 
     def __init__(self, run_dir: Path, report_to: list[str] | tuple[str, ...] = ("tensorboard",),
                  config: dict[str, Any] | None = None) -> None:
+        check_loggers(report_to)
         self.path = run_dir / "metrics.jsonl"
         makers = {"tensorboard": lambda: TensorBoardLogger(run_dir),
                   "wandb": lambda: WandbLogger(run_dir, config or {}),

@@ -35,7 +35,7 @@ from arborl.store import open_store
 from arborl.train.common import env_factory, seed_everything
 from arborl.train.config import TrainConfig
 from arborl.train.interrupt import Interrupted
-from arborl.train.loggers import Metrics
+from arborl.train.loggers import Metrics, check_loggers
 from arborl.train.plot import plot_learning_curve
 from arborl.train.rl import CreditFn, train_rl
 from arborl.train.rundir import Plan, RunDir, checkpoint_iteration
@@ -72,6 +72,7 @@ def run_pipeline(cfg: TrainConfig, credit: CreditFn, *, resume: bool = False, ov
     seed_everything(cfg.seed)
     run_dir = Path(cfg.run_dir)
     # everything that can be checked is checked before the run directory is touched
+    check_loggers(cfg.report_to)
     make_env = env_factory(cfg.env)
     _check(make_env)
     rd = RunDir(run_dir, default_store=not cfg.store)
@@ -79,6 +80,8 @@ def run_pipeline(cfg: TrainConfig, credit: CreditFn, *, resume: bool = False, ov
     if plan.run == ["eval"]:
         _eval_targets(cfg, checkpoint)
     _say_plan(plan, resume, say)
+    if overwrite and cfg.store and "synth" in plan.run:
+        say(f"--overwrite: the store {cfg.store} is not in run_dir; the episodes an earlier run stored there stay")
     run_dir.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"run_dir": str(run_dir), "store": cfg.store_url, "stage_s": {}}
     summary.update(plan.state.get("sft", {}))
