@@ -47,6 +47,7 @@ def test_rerun_is_refused_and_overwrite_replaces_the_old_run(tmp_path):
         assert store.count(source="synth") == 60
 
 
+@pytest.mark.slow
 def test_stage_commands_share_a_run_dir_but_do_not_repeat_a_stage(tmp_path):
     run = tmp_path / "run"
     arborl("synth", CFG, *sets(run))
