@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import importlib
-import json
 import random
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,25 +12,44 @@ import numpy as np
 import torch
 
 from arborl.config import ConfigError
-from arborl.env import Env
+from arborl.env import Env, EnvCheckError
 from arborl.train.config import EnvSpec
 
 METRICS = {
-    "stage": "which stage wrote the row (sft, rl, eval)",
-    "step": "optimizer step (sft) or iteration (rl) within the stage",
+    # every row
+    "stage": "which stage wrote the row (sft, rl)",
+    "step": "optimizer step (sft) or iteration (rl) within the stage, from 1",
+    "time": "unix time the row was written",
     "env_steps": "environment steps of experience consumed so far in the run (demonstrations + rollouts)",
+    # probe evaluations (rows of every sft.eval_every steps / rl.eval_every iterations)
     "success": "fraction of evaluated episodes with rewards['success'] > 0 (greedy, held-out tasks)",
     "reward": "mean episode return (sum of env rewards) on the same evaluation",
+    "turns": "mean turns per episode on the same evaluation",
+    "invalid_frac": "fraction of turns whose action was invalid on the same evaluation",
+    # optimisation (sft and rl)
+    "lr": "learning rate of the row's step / iteration",
+    "grad_norm": "global gradient norm before clipping (rl: mean over the iteration's optimizer steps)",
+    "loss/sft": "SFT: masked mean negative log-likelihood of the demonstrated tokens",
+    "loss/policy": "RL: PPO clipped surrogate, aggregated with rl.loss_agg (mean over the iteration's steps)",
+    "loss/kl": "RL: KL to the start-of-RL policy (estimator rl.kl_kind); only when rl.kl_coef > 0",
+    "loss/entropy": "RL: mean token entropy of the policy on trained tokens",
+    "diag/clip_frac": "RL: fraction of trained tokens where the clipped branch of PPO was active",
+    "diag/approx_kl": "RL: mean 0.5 * (logp - old_logp)^2, a k2 estimate of KL(behaviour || current)",
+    "diag/ratio_max": "RL: largest importance ratio in the minibatch (mean over the iteration's steps)",
+    # RL rollouts of the iteration (sampling, training tasks)
     "train/success": "success rate of the group rollouts of this RL iteration (sampling, training tasks; no branches)",
+    "train/reward": "mean return of the same group rollouts",
     "train/branches": "branch episodes rolled out this iteration (rl.branch: untried actions at visited states)",
-    "train/invalid_frac": "fraction of turns whose action did not parse",
-    "train/turns": "mean turns per rollout episode",
+    "train/invalid_frac": "fraction of this iteration's turns (branches included) whose action was invalid",
+    "train/turns": "mean turns per group-rollout episode",
     "train/adv_abs": "mean |advantage| over trained tokens",
     "train/kept_frac": "fraction of rollouts with a non-zero advantage somewhere (the ones the update uses)",
-    "tokens": "model-generated tokens so far",
-    "loss/*, diag/*": "see arborl.loss.policy",
+    "tokens": "model-generated tokens trained on in RL so far",
 }
-"""Every metric name written to metrics.jsonl / TensorBoard, with its meaning."""
+"""Every metric name written to metrics.jsonl (and to the ``report_to`` loggers), with its meaning.
+
+``tests/train/test_metrics_documented.py`` fails when a run logs a key that is not here.
+"""
 
 
 def import_object(path: str, *, key: str) -> Any:
@@ -55,20 +72,33 @@ def env_factory(spec: EnvSpec) -> Callable[[], Env]:
     cls = import_object(spec.cls, key="env.cls")
     kwargs = dict(spec.kwargs)
 
+    if not callable(cls):
+        raise ConfigError(f"env.cls = {spec.cls!r} is a {type(cls).__name__}, not a class; name an env class")
+
     def make() -> Env:
         try:
-            return cls(**kwargs)
+            env = cls(**kwargs)
         except TypeError as e:
             raise ConfigError(f"env.kwargs {kwargs} do not fit {spec.cls}: {e}") from e
+        missing = [m for m in ("reset", "step", "format_observation") if not callable(getattr(env, m, None))]
+        if missing:
+            raise EnvCheckError(
+                f"env.cls = {spec.cls!r} is not an env: {type(env).__name__} has no "
+                f"{', '.join(missing)}. An env needs reset(seed=...), step(action) and format_observation(obs) "
+                "(see arborl/env/base.py)"
+            )
+        return env
 
     return make
 
 
 def task_type_of(env: Env) -> str:
+    """The env's ``task_type`` attribute, or its class name in lower case."""
     return str(getattr(env, "task_type", type(env).__name__.lower()))
 
 
 def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global random streams."""
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
@@ -85,45 +115,15 @@ def rng_state(generator: torch.Generator) -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
+    """Restore what :func:`rng_state` saved."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     generator.set_state(state["generator"])
 
 
-class Metrics:
-    """Appends rows to ``metrics.jsonl`` and TensorBoard event files in the run directory."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / "metrics.jsonl"
-        self._tb = None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(run_dir / "tb"))
-        except ImportError:  # tensorboard is a declared dependency; keep the JSONL log regardless
-            self._tb = None
-
-    def log(self, stage: str, step: int, values: dict[str, float]) -> None:
-        row = {"stage": stage, "step": step, "time": time.time(), **values}
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        if self._tb is not None:
-            for k, v in values.items():
-                if isinstance(v, int | float):
-                    self._tb.add_scalar(f"{stage}/{k}", v, step)
-
-    def rows(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-
-    def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
-
-
 def save_trainer_state(path: Path, state: dict[str, Any]) -> None:
+    """Write ``state`` with ``torch.save``, atomically (a crash leaves no half-written file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
@@ -131,6 +131,7 @@ def save_trainer_state(path: Path, state: dict[str, Any]) -> None:
 
 
 def load_trainer_state(path: Path) -> dict[str, Any]:
+    """Read what :func:`save_trainer_state` wrote."""
     if not path.exists():
         raise FileNotFoundError(f"no trainer state at {path}; the checkpoint is incomplete, start without --resume")
     return torch.load(path, weights_only=False)

@@ -9,10 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from arborl.config import ConfigError
 from arborl.policy import ModelConfig
 from arborl.rollout import RolloutConfig
 
 STAGES = ("synth", "sft", "rl", "eval")
+LOGGERS = ("tensorboard", "wandb", "mlflow")
 
 
 def _check_positive(obj: Any, *names: str) -> None:
@@ -85,13 +87,18 @@ class SFTConfig:
     lr: float = 1e-3
     """Peak learning rate (AdamW, linear warmup, cosine decay)."""
     warmup_steps: int = 20
+    """Steps of linear learning-rate warm-up from 0 to ``lr`` before the cosine decay."""
     weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
     grad_clip: float = 1.0
+    """Clip the global gradient norm of every step to this value."""
     eval_every: int = 100
     """Evaluate on the small held-out set every N steps (0: never)."""
 
     def __post_init__(self) -> None:
         _check_positive(self, "steps", "batch_size", "lr", "grad_clip")
+        if self.warmup_steps < 0 or self.eval_every < 0 or self.weight_decay < 0:
+            raise ValueError("sft.warmup_steps, sft.eval_every and sft.weight_decay must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -99,11 +106,13 @@ class RLConfig:
     """Online RL: groups of rollouts per task, credit assignment, PPO-clip updates."""
 
     iterations: int = 100
+    """RL iterations (each: rollouts, store, credit, ``ppo_epochs`` passes of updates)."""
     tasks_per_iter: int = 8
     """Distinct tasks (env seeds) per iteration."""
     group_size: int = 8
     """Rollouts per task (the GRPO group)."""
     lr: float = 3e-4
+    """Peak learning rate of AdamW (betas 0.9, 0.99); see ``warmup_iters`` and ``lr_schedule``."""
     warmup_iters: int = 0
     """Raise the learning rate linearly over the first N iterations: a fresh Adam state at the start of
     RL otherwise takes sign-sized steps on every parameter, which knocks a small SFT model off its optimum."""
@@ -115,13 +124,19 @@ class RLConfig:
     minibatch_size: int = 32
     """Episodes per optimizer step."""
     clip_low: float = 0.2
+    """PPO clips the importance ratio from below at ``1 - clip_low``."""
     clip_high: float = 0.2
+    """PPO clips the importance ratio from above at ``1 + clip_high`` (raise it above ``clip_low`` for
+    DAPO's clip-higher)."""
     clip_c: float = 3.0
     """Dual-clip constant for negative advantages."""
     kl_coef: float = 0.05
     """Weight of the KL loss to the reference (start-of-RL) policy; 0 disables the reference model."""
     kl_kind: Literal["k1", "k2", "k3", "abs"] = "k3"
+    """Per-token KL estimator (Schulman's k1 = log-ratio, k2 = half squared log-ratio, k3 = unbiased
+    non-negative; ``abs`` = |log-ratio|); see ``arborl.loss.kl_estimate``."""
     entropy_coef: float = 0.0
+    """Weight of the token-entropy bonus (subtracted from the loss; 0 disables it)."""
     credit: Literal["grpo", "gigpo", "best_step"] = "gigpo"
     """Credit estimator (see arborl.credit)."""
     gamma: float = 0.95
@@ -129,9 +144,13 @@ class RLConfig:
     step_weight: float = 1.0
     """Weight w of the step advantage in A = A^E + w A^S (GiGPO)."""
     norm_by_std: bool = True
+    """Divide group-relative advantages by the group's standard deviation (GRPO); false keeps the raw
+    difference from the group mean (Dr.GRPO)."""
     length_neutral: bool = True
     """Give every episode the same total advantage weight regardless of its number of turns."""
     loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    """How per-token losses reduce to one number (see ``arborl.loss.aggregate``): over all trained
+    tokens, or per episode first."""
     drop_zero_advantage: bool = True
     """Leave episodes whose every token has zero advantage out of the update (they carry no signal,
     and in a token-mean loss they only dilute the step size of the informative ones)."""
@@ -147,14 +166,28 @@ class RLConfig:
     policy (the one evaluated) without sampling noise. Needs ``rollout.sampling.temperature = 1``
     so the forced action's recorded log-prob matches the trainer's."""
     grad_clip: float = 1.0
+    """Clip the global gradient norm of every optimizer step to this value."""
     weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
     checkpoint_every: int = 10
     """Write a resumable checkpoint every N iterations (0: only at the end)."""
+    checkpoint_keep: int = 2
+    """Keep only the newest N resumable checkpoints under ``run_dir/checkpoints`` (older ones are deleted)."""
     eval_every: int = 10
     """Evaluate on the small held-out set every N iterations (0: never)."""
 
     def __post_init__(self) -> None:
-        _check_positive(self, "iterations", "tasks_per_iter", "group_size", "lr", "ppo_epochs", "minibatch_size")
+        _check_positive(self, "iterations", "tasks_per_iter", "group_size", "lr", "ppo_epochs", "minibatch_size",
+                        "grad_clip", "checkpoint_keep")
+        if not 0 <= self.clip_low < 1 or self.clip_high < 0:
+            raise ValueError(f"rl.clip_low must be in [0, 1) and rl.clip_high >= 0 (got {self.clip_low}, {self.clip_high})")
+        if self.clip_c <= 1:
+            raise ValueError(f"rl.clip_c is {self.clip_c}; the dual-clip constant must be > 1 (3 is usual)")
+        if not 0 <= self.gamma <= 1:
+            raise ValueError(f"rl.gamma is {self.gamma}; use a discount in [0, 1]")
+        for name in ("kl_coef", "entropy_coef", "weight_decay", "warmup_iters", "checkpoint_every", "eval_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"rl.{name} must be >= 0, got {getattr(self, name)!r}")
 
 
 @dataclass(frozen=True)
@@ -166,6 +199,7 @@ class EvalConfig:
     probe_episodes: int = 64
     """Held-out tasks in the periodic evaluations that draw the learning curve."""
     greedy: bool = True
+    """Evaluate with greedy decoding (false: sample with ``rollout.sampling``)."""
 
     def __post_init__(self) -> None:
         _check_positive(self, "episodes", "probe_episodes")
@@ -178,25 +212,53 @@ class TrainConfig:
     run_dir: str = "runs/default"
     """Where checkpoints, metrics, the store, summary.json and plots go."""
     seed: int = 0
+    """Seed of every random stream (model init, tokenizer corpus, sampling, task draws, minibatch order)."""
     threads: int = 2
     """torch intra-op threads."""
     stages: list[str] = field(default_factory=lambda: list(STAGES))
+    """Stages to run, a subset of ``synth, sft, rl, eval`` (always run in that order)."""
     store: str = ""
     """Trajectory store URL; default ``sqlite:///<run_dir>/trajectories.db``."""
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Where metrics go besides ``run_dir/metrics.jsonl`` (always written): any of ``tensorboard``
+    (``run_dir/tb``), ``wandb`` and ``mlflow`` (extras ``arborl[wandb]``, ``arborl[mlflow]``; they read
+    ``WANDB_MODE``, ``WANDB_PROJECT``, ``MLFLOW_TRACKING_URI`` as usual), or ``[]``."""
     env: EnvSpec = field(default_factory=EnvSpec)
+    """The environment and its train / held-out seeds."""
     policy: PolicySpec = field(default_factory=PolicySpec)
+    """The initial model."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Episode budgets and token sampling, shared by synth, RL and evaluation."""
     synth: SynthConfig = field(default_factory=SynthConfig)
+    """Expert demonstrations."""
     sft: SFTConfig = field(default_factory=SFTConfig)
+    """Supervised cold start."""
     rl: RLConfig = field(default_factory=RLConfig)
+    """Online RL."""
     eval: EvalConfig = field(default_factory=EvalConfig)
+    """Held-out evaluation."""
 
     def __post_init__(self) -> None:
         bad = [s for s in self.stages if s not in STAGES]
         if bad:
-            raise ValueError(f"stages {bad} are unknown; choose from {list(STAGES)}")
+            raise ConfigError(f"stages: {bad} are unknown; choose from {list(STAGES)}")
+        bad = [s for s in self.report_to if s not in LOGGERS]
+        if bad:
+            raise ConfigError(f"report_to: {bad} are unknown; choose from {list(LOGGERS)} (metrics.jsonl is always written)")
         _check_positive(self, "threads")
+        self._check_branch_sampling()
+
+    def _check_branch_sampling(self) -> None:
+        """Greedy branches record their forced action's log-prob at temperature 1; sampling must match."""
+        sampling = self.rollout.sampling
+        if self.rl.branch and self.rl.branch_greedy and not sampling.greedy and sampling.temperature != 1.0:
+            raise ConfigError(
+                f"rl.branch_greedy = true needs rollout.sampling.temperature = 1 (it is {sampling.temperature}): a "
+                "greedy branch records its forced action's log-prob at temperature 1. Set "
+                "rollout.sampling.temperature = 1 or rl.branch_greedy = false"
+            )
 
     @property
     def store_url(self) -> str:
+        """The configured store URL, or the SQLite file in ``run_dir``."""
         return self.store or f"sqlite:///{self.run_dir}/trajectories.db"

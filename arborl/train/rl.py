@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from arborl.config import ConfigError
 from arborl.credit import StepBatch
 from arborl.env import Env
 from arborl.loss import ppo_clip_loss
@@ -41,7 +42,6 @@ from arborl.rollout import ModelPolicy, RolloutConfig, run_episodes
 from arborl.rollout.branch import branch_specs
 from arborl.train.batch import TokenBatch, broadcast, collate, length_chunks, step_batch
 from arborl.train.common import (
-    Metrics,
     load_trainer_state,
     rng_state,
     save_trainer_state,
@@ -49,17 +49,13 @@ from arborl.train.common import (
     task_type_of,
 )
 from arborl.train.config import RLConfig, TrainConfig
+from arborl.train.interrupt import Interrupted, StopRequest
+from arborl.train.loggers import Metrics
 from arborl.train.progress import progress
+from arborl.train.rundir import checkpoint_iteration, latest_checkpoint, prune_checkpoints
 from arborl.train.stages import evaluate, policy_dir, specs_for
 
 CreditFn = Callable[[StepBatch], Tensor]
-
-
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest complete RL checkpoint directory, or None."""
-    root = Path(run_dir) / "checkpoints"
-    done = sorted(p for p in root.glob("rl-*") if (p / "trainer_state.pt").exists()) if root.exists() else []
-    return done[-1] if done else None
 
 
 def _update(model, opt, cfg: TrainConfig, batch: TokenBatch, adv: Tensor, ref_logp: Tensor | None,
@@ -121,13 +117,52 @@ def _branch_rollout_config(cfg: TrainConfig) -> RolloutConfig:
     sampling = cfg.rollout.sampling
     if not (cfg.rl.branch and cfg.rl.branch_greedy) or sampling.greedy:
         return cfg.rollout
-    if sampling.temperature != 1.0:
-        raise ValueError(
-            f"rl.branch_greedy = true needs rollout.sampling.temperature = 1 (it is {sampling.temperature}): a "
-            "greedy branch records its forced action's log-prob at temperature 1. Set the temperature to 1 or "
-            "rl.branch_greedy = false"
-        )
+    # TrainConfig has checked that the sampling temperature is 1 here
     return dataclasses.replace(cfg.rollout, sampling=dataclasses.replace(sampling, greedy=True))
+
+
+@dataclasses.dataclass
+class _Learner:
+    """What an RL run carries from iteration to iteration."""
+
+    model: torch.nn.Module
+    tok: object
+    ref: torch.nn.Module | None
+    opt: torch.optim.Optimizer
+    gen: torch.Generator        # sampling + minibatch order
+    task_gen: torch.Generator   # which training tasks
+    counters: dict[str, int]
+
+
+def _learner(cfg: TrainConfig, start_path: Path, resume_from: Path | None, env_steps_before: int) -> tuple[_Learner, int]:
+    """The policy, reference, optimizer and RNG streams at the start (or at checkpoint ``resume_from``)."""
+    rc = cfg.rl
+    model, tok = load_policy(start_path)
+    model.eval()  # no dropout: behaviour and training log-probs must match
+    ref = load_policy(start_path)[0].eval().requires_grad_(False) if rc.kl_coef > 0 else None
+    opt = torch.optim.AdamW(model.parameters(), lr=rc.lr, weight_decay=rc.weight_decay, betas=(0.9, 0.99))
+    lrn = _Learner(model, tok, ref, opt, torch.Generator().manual_seed(cfg.seed + 2),
+                   torch.Generator().manual_seed(cfg.seed + 3), {"env_steps": env_steps_before, "tokens": 0})
+    if resume_from is None:
+        return lrn, 0
+    state = load_trainer_state(resume_from / "trainer_state.pt")
+    model.load_state_dict(load_policy(resume_from)[0].state_dict())
+    opt.load_state_dict(state["optimizer"])
+    set_rng_state(state["rng"], lrn.gen)
+    lrn.task_gen.set_state(state["task_rng"])
+    lrn.counters = state["counters"]
+    return lrn, state["iteration"]
+
+
+def _env_actions(make_env: Callable[[], Env], cfg: TrainConfig) -> tuple[str, list[str]]:
+    """The env's task type and finite action set (checked against ``rl.branch``)."""
+    env = make_env()
+    task_type, actions = task_type_of(env), list(getattr(env, "actions", None) or [])
+    env.close()
+    if cfg.rl.branch and not actions:
+        raise ConfigError(f"rl.branch = true needs an env with a finite action set; {type(env).__name__} has no "
+                          "`actions` attribute. Add one (the action texts step() accepts) or set rl.branch = false")
+    return task_type, actions
 
 
 def train_rl(
@@ -138,98 +173,100 @@ def train_rl(
     metrics: Metrics,
     credit: CreditFn,
     *,
-    resume: bool = False,
+    resume_from: Path | None = None,
     env_steps_before: int = 0,
 ) -> Path:
-    """Run ``cfg.rl.iterations`` RL iterations from the policy at ``start_path``; return the final checkpoint."""
+    """Run ``cfg.rl.iterations`` RL iterations from the policy at ``start_path``; return the final checkpoint.
+
+    With ``resume_from`` (an ``rl-*`` checkpoint), continue from the iteration it was written after.
+    Ctrl-C stops at the end of the iteration in flight with :class:`Interrupted` after writing a
+    checkpoint of it (a second Ctrl-C drops the iteration and keeps the newest checkpoint).
+    """
     rc = cfg.rl
-    model, tok = load_policy(start_path)
-    model.eval()  # no dropout: behaviour and training log-probs must match
-    ref = load_policy(start_path)[0].eval().requires_grad_(False) if rc.kl_coef > 0 else None
-    opt = torch.optim.AdamW(model.parameters(), lr=rc.lr, weight_decay=rc.weight_decay, betas=(0.9, 0.99))
-    gen = torch.Generator().manual_seed(cfg.seed + 2)        # sampling + minibatch order
-    task_gen = torch.Generator().manual_seed(cfg.seed + 3)   # which training tasks
-    start_it, counters = 0, {"env_steps": env_steps_before, "tokens": 0}
-    ckpt = latest_checkpoint(cfg.run_dir) if resume else None
-    if resume and ckpt is None:
-        raise FileNotFoundError(f"--resume: no RL checkpoint under {cfg.run_dir}/checkpoints; run without --resume")
-    if ckpt is not None:
-        state = load_trainer_state(ckpt / "trainer_state.pt")
-        model.load_state_dict(load_policy(ckpt)[0].state_dict())
-        opt.load_state_dict(state["optimizer"])
-        set_rng_state(state["rng"], gen)
-        task_gen.set_state(state["task_rng"])
-        start_it, counters = state["iteration"], state["counters"]
-    renderer = ChatRenderer(tok, cfg.policy.system_prompt or None)
-    env = make_env()
-    task_type = task_type_of(env)
-    actions = list(getattr(env, "actions", None) or [])
-    env.close()
-    if rc.branch and not actions:
-        raise ValueError(f"rl.branch = true needs an env with a finite action set; {type(env).__name__} has no "
-                         "`actions` attribute. Add one (the action texts step() accepts) or set rl.branch = false")
-    branch_cfg = _branch_rollout_config(cfg)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    lrn, start_it = _learner(cfg, start_path, resume_from, env_steps_before)
+    task_type, actions = _env_actions(make_env, cfg)
+    shown: dict[str, float] = {}
+    try:
+        with StopRequest() as stop:
+            for it in progress(range(start_it, rc.iterations), "rl", total=rc.iterations - start_it, status=shown):
+                row = _iteration(cfg, it, lrn, make_env, store, credit, task_type, actions)
+                metrics.log("rl", it + 1, row)
+                shown.update(loss=row.get("loss/policy", 0.0), success=row["train/success"], reward=row["train/reward"])
+                last = it + 1 == rc.iterations
+                if stop.requested and not last:
+                    raise Interrupted("rl", it + 1, _save(cfg, lrn, it + 1))
+                if rc.checkpoint_every and (it + 1) % rc.checkpoint_every == 0 and not last:
+                    _save(cfg, lrn, it + 1)
+    except KeyboardInterrupt:  # a second Ctrl-C: the iteration in flight is dropped
+        ckpt = latest_checkpoint(cfg.run_dir)
+        raise Interrupted("rl", checkpoint_iteration(ckpt) if ckpt else None, ckpt) from None
+    return _save(cfg, lrn, rc.iterations, final=True)
 
-    for it in progress(range(start_it, rc.iterations), "rl", total=rc.iterations - start_it):
-        # rollout: G members per task share the seed, hence the initial state
-        offsets = torch.randint(0, cfg.env.train_seed_count, (rc.tasks_per_iter,), generator=task_gen).tolist()
-        seeds = [cfg.env.train_seed_start + o for o in offsets]
-        specs = specs_for(cfg, task_type, seeds, group_size=rc.group_size, group_prefix=f"rl{it}")
-        policy = ModelPolicy(model, renderer)
-        rolled = run_episodes(policy, make_env, specs, cfg.rollout, generator=gen,
-                              policy_version=it, iteration=it, source="rl")
-        n_sampled = len(rolled)
-        if rc.branch:  # every untried action at every visited state, finished by the policy
-            rolled += run_episodes(policy, make_env, branch_specs(rolled, actions), branch_cfg, generator=gen,
-                                   policy_version=it, iteration=it, source="rl-branch")
-        # store: persist, then train on what the store returns
-        ids = store.put_many(rolled)
-        episodes = store.get_many(ids)
-        # credit: one advantage per turn, broadcast to that turn's generated tokens
-        steps = step_batch(episodes, score_key=rc.score_key, invalid_penalty=cfg.rollout.invalid_action_penalty)
-        batch = collate(episodes, pad_id=pad)
-        adv = broadcast(credit(steps), batch.step_of_token) * batch.loss_mask
-        keep = (adv.abs() > 1e-8).any(-1) if rc.drop_zero_advantage else torch.ones(len(episodes), dtype=torch.bool)
-        # loss + update (on the episodes that carry signal)
-        for group in opt.param_groups:
-            group["lr"] = rl_lr(rc, it)
-        rows = keep.nonzero()[:, 0]
-        terms = {}
-        if len(rows):
-            kept = batch.select(rows)
-            ref_logp = None if ref is None else _ref_logprobs(ref, kept, rc.minibatch_size,
+
+def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], Env], store, credit: CreditFn,
+               task_type: str, actions: list[str]) -> dict[str, float]:
+    """One iteration: rollout, store, credit, loss + update; returns its metrics row."""
+    rc = cfg.rl
+    # rollout: G members per task share the seed, hence the initial state
+    offsets = torch.randint(0, cfg.env.train_seed_count, (rc.tasks_per_iter,), generator=lrn.task_gen).tolist()
+    seeds = [cfg.env.train_seed_start + o for o in offsets]
+    specs = specs_for(cfg, task_type, seeds, group_size=rc.group_size, group_prefix=f"rl{it}")
+    policy = ModelPolicy(lrn.model, ChatRenderer(lrn.tok, cfg.policy.system_prompt or None))
+    rolled = run_episodes(policy, make_env, specs, cfg.rollout, generator=lrn.gen,
+                          policy_version=it, iteration=it, source="rl")
+    n_sampled = len(rolled)
+    if rc.branch:  # every untried action at every visited state, finished by the policy
+        rolled += run_episodes(policy, make_env, branch_specs(rolled, actions), _branch_rollout_config(cfg),
+                               generator=lrn.gen, policy_version=it, iteration=it, source="rl-branch")
+    # store: persist, then train on what the store returns
+    episodes = store.get_many(store.put_many(rolled))
+    # credit: one advantage per turn, broadcast to that turn's generated tokens
+    steps = step_batch(episodes, score_key=rc.score_key, invalid_penalty=cfg.rollout.invalid_action_penalty)
+    pad = lrn.tok.pad_token_id if lrn.tok.pad_token_id is not None else 0
+    batch = collate(episodes, pad_id=pad)
+    adv = broadcast(credit(steps), batch.step_of_token) * batch.loss_mask
+    keep = (adv.abs() > 1e-8).any(-1) if rc.drop_zero_advantage else torch.ones(len(episodes), dtype=torch.bool)
+    # loss + update (on the episodes that carry signal)
+    lr = rl_lr(rc, it)
+    for group in lrn.opt.param_groups:
+        group["lr"] = lr
+    rows = keep.nonzero()[:, 0]
+    terms = {}
+    if len(rows):
+        kept = batch.select(rows)
+        ref_logp = None if lrn.ref is None else _ref_logprobs(lrn.ref, kept, rc.minibatch_size,
                                                               cfg.rollout.sampling.logprob_temperature)
-            terms = _update(model, opt, cfg, kept, adv[rows, : kept.input_ids.shape[1]], ref_logp, gen)
-        # metrics
-        n_turns = int(steps.episode.numel())
-        counters["env_steps"] += n_turns
-        counters["tokens"] += int(batch.loss_mask.sum())
-        row = {
-            **terms, **counters,
-            "train/success": sum(1.0 for e in episodes[:n_sampled] if e.success) / n_sampled,
-            "train/branches": len(episodes) - n_sampled,
-            "train/invalid_frac": sum(not t.valid for e in episodes for t in e.path()) / max(1, n_turns),
-            "train/turns": sum(len(e.path()) for e in episodes[:n_sampled]) / n_sampled,
-            "train/adv_abs": float(adv.abs().sum() / batch.loss_mask.sum().clamp_min(1)),
-            "train/kept_frac": len(rows) / len(episodes),
-        }
-        if rc.eval_every and ((it + 1) % rc.eval_every == 0 or it + 1 == rc.iterations):
-            row.update(evaluate(cfg, make_env, model, tok, n=cfg.eval.probe_episodes, label="probe", policy_version=it + 1))
-        metrics.log("rl", it + 1, row)
-        if rc.checkpoint_every and (it + 1) % rc.checkpoint_every == 0 and it + 1 < rc.iterations:
-            _save(cfg, model, tok, opt, gen, task_gen, it + 1, counters)
-    return _save(cfg, model, tok, opt, gen, task_gen, rc.iterations, counters, final=True)
+        terms = _update(lrn.model, lrn.opt, cfg, kept, adv[rows, : kept.input_ids.shape[1]], ref_logp, lrn.gen)
+    # metrics
+    n_turns = int(steps.episode.numel())
+    lrn.counters["env_steps"] += n_turns
+    lrn.counters["tokens"] += int(batch.loss_mask.sum())
+    row = {
+        **terms, **lrn.counters, "lr": lr,
+        "train/success": sum(1.0 for e in episodes[:n_sampled] if e.success) / n_sampled,
+        "train/reward": sum(float(e.rewards.get("return") or 0.0) for e in episodes[:n_sampled]) / n_sampled,
+        "train/branches": len(episodes) - n_sampled,
+        "train/invalid_frac": sum(not t.valid for e in episodes for t in e.path()) / max(1, n_turns),
+        "train/turns": sum(len(e.path()) for e in episodes[:n_sampled]) / n_sampled,
+        "train/adv_abs": float(adv.abs().sum() / batch.loss_mask.sum().clamp_min(1)),
+        "train/kept_frac": len(rows) / len(episodes),
+    }
+    if rc.eval_every and ((it + 1) % rc.eval_every == 0 or it + 1 == rc.iterations):
+        row.update(evaluate(cfg, make_env, lrn.model, lrn.tok, n=cfg.eval.probe_episodes, label="probe",
+                            policy_version=it + 1))
+    return row
 
 
-def _save(cfg, model, tok, opt, gen, task_gen, iteration: int, counters: dict, final: bool = False) -> Path:
+def _save(cfg: TrainConfig, lrn: _Learner, iteration: int, final: bool = False) -> Path:
+    """Write checkpoint ``rl-<iteration>`` (and ``policy/rl`` when ``final``); keep ``rl.checkpoint_keep`` of them."""
     path = Path(cfg.run_dir) / "checkpoints" / f"rl-{iteration:06d}"
-    save_policy(model, tok, path)
+    save_policy(lrn.model, lrn.tok, path)
     save_trainer_state(path / "trainer_state.pt", {
-        "optimizer": opt.state_dict(), "rng": rng_state(gen), "task_rng": task_gen.get_state(),
-        "iteration": iteration, "counters": dict(counters),
+        "optimizer": lrn.opt.state_dict(), "rng": rng_state(lrn.gen), "task_rng": lrn.task_gen.get_state(),
+        "iteration": iteration, "counters": dict(lrn.counters),
     })
+    prune_checkpoints(cfg.run_dir, cfg.rl.checkpoint_keep)
     if final:
-        save_policy(model, tok, policy_dir(cfg, "rl"))
+        save_policy(lrn.model, lrn.tok, policy_dir(cfg, "rl"))
         return policy_dir(cfg, "rl")
     return path

@@ -17,8 +17,8 @@ from arborl.env import Env
 from arborl.loss import sft_loss
 from arborl.policy import load_policy, save_policy, token_logprobs
 from arborl.train.batch import collate
-from arborl.train.common import Metrics
 from arborl.train.config import TrainConfig
+from arborl.train.loggers import Metrics
 from arborl.train.progress import progress
 from arborl.train.stages import evaluate, policy_dir
 
@@ -49,7 +49,8 @@ def train_sft(
     demo_turns = sum(len(e.path()) for e in demos)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     seen: set[int] = set()
-    for step in progress(range(sc.steps), "sft"):
+    shown: dict[str, float] = {}
+    for step in progress(range(sc.steps), "sft", status=shown):
         idx = torch.randint(len(demos), (sc.batch_size,), generator=gen).tolist()
         seen.update(idx)
         batch = collate([demos[i] for i in idx], pad_id=pad)
@@ -67,6 +68,7 @@ def train_sft(
             row.update(evaluate(cfg, make_env, model, tok, n=cfg.eval.probe_episodes, label="probe"))
             model.train()
         metrics.log("sft", step + 1, row)
+        shown.update({"loss": row["loss/sft"], **{k: row[k] for k in ("success", "reward") if k in row}})
     model.eval()
     save_policy(model, tok, out)
     return out, {"demo_episodes": len(demos), "demo_turns": demo_turns}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from arborl.env import Env, check_env
+from arborl.env import Env
 from arborl.policy import (
     ChatRenderer,
     build_model,
@@ -25,10 +25,12 @@ from arborl.policy import (
 from arborl.rollout import EpisodeSpec, ModelPolicy, RolloutConfig, ScriptedPolicy, run_episodes
 from arborl.train.common import task_type_of
 from arborl.train.config import TrainConfig
+from arborl.train.progress import progress
 from arborl.trajectory import Episode
 
 
 def policy_dir(cfg: TrainConfig, name: str) -> Path:
+    """``run_dir/policy/<name>``: the ``init``, ``sft`` or ``rl`` checkpoint of the run."""
     return Path(cfg.run_dir) / "policy" / name
 
 
@@ -66,12 +68,7 @@ def _corpus(make_env: Callable[[], Env], episodes: int, seed_start: int, seed: i
 
 
 def prepare_policy(cfg: TrainConfig, make_env: Callable[[], Env]) -> Path:
-    """Check the env, then build (scratch) or validate (local path) the initial policy; return its dir."""
-    env = make_env()
-    try:
-        check_env(env)
-    finally:
-        env.close()
+    """Build (scratch) or validate (local path) the initial policy; return its dir."""
     out = policy_dir(cfg, "init")
     if (out / "config.json").exists():
         return out
@@ -115,8 +112,15 @@ def synthesize(cfg: TrainConfig, make_env: Callable[[], Env], policy_path: Path,
     seeds = [cfg.env.train_seed_start + k for k in range(cfg.synth.episodes)]
     specs = specs_for(cfg, task_type, seeds, group_prefix="synth")
     gen = torch.Generator().manual_seed(cfg.seed)
-    episodes = run_episodes(ScriptedPolicy(expert, renderer), make_env, specs, cfg.rollout, generator=gen,
-                            policy_version=0, iteration=-1, source="synth")
+    episodes: list[Episode] = []
+    shown: dict[str, float] = {}
+    size = cfg.rollout.batch_size  # one engine batch per bar step; the scripted expert draws no random numbers
+    chunks = [specs[i:i + size] for i in range(0, len(specs), size)]
+    for chunk in progress(chunks, "synth", status=shown):
+        episodes += run_episodes(ScriptedPolicy(expert, renderer), make_env, chunk, cfg.rollout, generator=gen,
+                                 policy_version=0, iteration=-1, source="synth")
+        shown.update(episodes=len(episodes), success=sum(1.0 for e in episodes if e.success) / len(episodes),
+                     reward=sum(float(e.rewards.get("return") or 0.0) for e in episodes) / len(episodes))
     if cfg.synth.only_successful:
         episodes = [e for e in episodes if e.success]
     store.put_many(episodes)

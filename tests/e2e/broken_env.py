@@ -1,10 +1,10 @@
-"""A deliberately broken environment for the CLI's check_env error path."""
+"""Deliberately broken environments for the CLI's check_env error paths."""
 
 from arborl.env import StepResult
 
 
-class NoStateKey:
-    task_type = "broken"
+class NoClose:
+    """Has the three core methods but neither ``state_key`` nor ``close``."""
 
     def __init__(self, **kwargs):
         self.kwargs = kwargs
@@ -17,6 +17,12 @@ class NoStateKey:
 
     def format_observation(self, obs):
         return str(obs)
+
+
+class NoStateKey(NoClose):
+    """Everything but ``state_key``."""
+
+    task_type = "broken"
 
     def close(self):
         pass

@@ -1,38 +1,11 @@
 """The real CLI end to end on a tiny budget, resume exactness, and clear errors on bad input."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from clikit import arborl, sets
 from safetensors.torch import load_file
-
-ROOT = Path(__file__).resolve().parents[2]
-TINY = [
-    "synth.episodes=60", "sft.steps=6", "sft.batch_size=8", "sft.eval_every=3",
-    "rl.iterations=2", "rl.tasks_per_iter=2", "rl.group_size=3", "rl.minibatch_size=4", "rl.eval_every=1",
-    "rl.checkpoint_every=1", "eval.episodes=8", "eval.probe_episodes=4", "policy.tokenizer_episodes=40",
-    "policy.model.hidden_size=32", "policy.model.intermediate_size=64", "policy.model.num_heads=2",
-    "policy.model.num_kv_heads=2", "threads=1",
-]
-
-
-def arborl(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = {"ARBORL_PROGRESS": "0", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, "-m", "arborl.cli", *args], capture_output=True, text=True, env=env,
-                       timeout=600, cwd=ROOT)
-    if check and p.returncode != 0:
-        raise AssertionError(f"arborl {' '.join(args)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
-    return p
-
-
-def sets(run_dir: Path, extra: list[str] = ()) -> list[str]:
-    out = []
-    for kv in [f'run_dir="{run_dir}"', *TINY, *extra]:
-        out += ["--set", kv]
-    return out
 
 
 def test_train_end_to_end_writes_outputs(tmp_path):

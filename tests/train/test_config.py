@@ -33,3 +33,34 @@ def test_invalid_value_and_missing_file():
         load_config(TrainConfig, "nope.toml")
     with pytest.raises(ConfigError, match="stages"):
         load_config(TrainConfig, None, ['stages=["fly"]'])
+
+
+def test_every_leaf_config_field_has_help_text():
+    from arborl.config import config_keys
+
+    keys = config_keys(TrainConfig)
+    assert len(keys) > 60 and {"rl.lr", "rl.clip_low", "rl.kl_kind", "rl.loss_agg", "env.kwargs"} <= {k.key for k in keys}
+    missing = [k.key for k in keys if not k.help.strip()]
+    assert missing == [], f"document these fields (attribute docstring under the field): {missing}"
+
+
+def test_config_keys_report_defaults_and_resolved_values():
+    from arborl.config import config_keys
+
+    cfg = load_config(TrainConfig, "examples/frozenlake.toml", ["rl.lr=1e-4"])
+    by_key = {k.key: k for k in config_keys(cfg)}
+    assert by_key["rl.lr"].value == 1e-4 and by_key["rl.lr"].default == 3e-4
+    assert by_key["policy.model.hidden_size"].value == 256 and by_key["rl.kl_kind"].type.startswith("Literal")
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["rl.branch=true", "rollout.sampling.temperature=0.7"], "rollout.sampling.temperature = 1 or rl.branch_greedy = false"),
+    (["rl.clip_c=0.5"], "dual-clip constant must be > 1"),
+    (["rl.gamma=1.5"], "discount in [0, 1]"),
+    (["rl.checkpoint_keep=0"], "checkpoint_keep must be > 0"),
+    (['report_to=["comet"]'], "report_to: ['comet'] are unknown"),
+])
+def test_cross_field_rules_fail_at_load_time_with_the_fix(overrides, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, None, overrides)
+    assert needle in str(e.value)

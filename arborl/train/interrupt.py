@@ -1,0 +1,54 @@
+"""Ctrl-C during a run: stop at an iteration boundary, keep the last checkpoint, say how to continue.
+
+The first SIGINT during RL only sets a flag: the iteration in flight finishes, a checkpoint of it
+is written, and the run stops with :class:`Interrupted`. A second SIGINT drops the iteration
+(``KeyboardInterrupt`` as usual); the newest checkpoint written before it is kept. Other stages
+stop at once and are redone by ``--resume``.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+
+class Interrupted(Exception):
+    """The run was stopped by the user; the message says where and how to continue."""
+
+    def __init__(self, stage: str, iteration: int | None = None, checkpoint: Path | None = None) -> None:
+        self.stage, self.iteration, self.checkpoint = stage, iteration, checkpoint
+        if iteration is not None:
+            where = f"stopped at iteration {iteration}; continue with --resume"
+            kept = f" (checkpoint {checkpoint})" if checkpoint is not None else ""
+        else:
+            where = f"stopped during {stage}; continue with --resume"
+            kept = f" ({stage} starts again; finished stages are kept)"
+        super().__init__(where + kept)
+
+
+class StopRequest:
+    """While active (a ``with`` block in the main thread), the first Ctrl-C sets :attr:`requested`."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = None
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("arborl: Ctrl-C: finishing this iteration and writing a checkpoint (Ctrl-C again to drop it)",
+              file=sys.stderr, flush=True)
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
