@@ -22,6 +22,7 @@ import subprocess
 import tarfile
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 from arborl.sandbox.base import SandboxError
 
@@ -206,10 +207,20 @@ _boot()
 # It makes itself undumpable before any snippet exists: the snippet shares its uid, so without
 # that it could read the runner's memory through /proc, or ptrace it if the seccomp profile ever
 # let ptrace through, skip the final kill(-1) and leave a process behind that watches the next run.
-RUNNER = r"""
+# Before and after every run it cleans what outlives a run's processes in a warm container (its
+# IPC and network namespaces are shared by all its runs): SysV IPC objects and POSIX message
+# queues are removed, /scratch is wiped (arborl/sandbox/scratch.py, shipped here as source); then
+# it lists what a later run could still see (``dirty``). A dirty container is never reused: before
+# a run, the runner refuses it ("retry": the host retries on another container); after a run, the
+# status names it and the host replaces the container. TCP TIME_WAIT (and any other socket state)
+# cannot be cleared by a process without privileges, so a run that leaves some costs its container.
+_RUNNER_HEAD = r"""
 import ctypes
-ctypes.CDLL(None).prctl(4, 0)  # PR_SET_DUMPABLE 0: the snippet (same uid) cannot ptrace or read us
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl(4, 0)  # PR_SET_DUMPABLE 0: the snippet (same uid) cannot ptrace or read us
 import json, os, resource, selectors, signal, struct, subprocess, sys, time
+"""
+_RUNNER_BODY = r"""
 def readn(n):
     buf = bytearray()
     while len(buf) < n:
@@ -222,29 +233,59 @@ def frame(kind, data):
     view = memoryview(kind + struct.pack(">I", len(data)) + data)
     while view:
         view = view[os.write(1, view):]
-def killall():
+def others():  # live processes but pid 1 (the reaper) and this runner
+    left = []
+    for p in os.listdir("/proc"):
+        if p.isdigit() and int(p) not in (1, os.getpid()):
+            try:
+                with open(f"/proc/{p}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                        left.append(p)
+            except OSError:
+                pass
+    return left
+def killall():  # kill(-1) until nothing is left (a process may fork while the first kill lands)
+    deadline = time.monotonic() + 2.0
+    while True:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if not others() or time.monotonic() > deadline:
+            return
+        time.sleep(0.002)
+def rows(path):  # the lines of a /proc table below its header
     try:
-        os.kill(-1, signal.SIGKILL)
-    except ProcessLookupError:
+        with open(path) as f:
+            return f.read().splitlines()[1:]
+    except OSError:
+        return []
+def clear_ipc():  # every object is ours (same uid): IPC_RMID = 0 for shmctl, msgctl and semctl
+    for kind, rm in (("shm", libc.shmctl), ("msg", libc.msgctl), ("sem", libc.semctl)):
+        for line in rows(f"/proc/sysvipc/{kind}"):
+            rm(int(line.split()[1]), 0, 0)
+    try:
+        for name in os.listdir("/dev/mqueue"):
+            os.unlink(os.path.join("/dev/mqueue", name))
+    except OSError:
         pass
-def wipe(root):
-    for dirpath, dirs, _ in os.walk(root):
-        for d in dirs:
-            try:
-                os.chmod(os.path.join(dirpath, d), 0o700)
-            except OSError:
-                pass
-    for name in os.listdir(root):
-        p = os.path.join(root, name)
-        if os.path.isdir(p) and not os.path.islink(p):
-            import shutil
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
-    return not os.listdir(root)
+RELAY_LISTEN = "%04X" % 3128  # the runner's own relay listens there (state 0A) during a run
+def dirty():  # what a later run could see of earlier ones; empty = the container may be reused
+    found = ["processes"] if others() else []
+    found += [f"sysv {kind}" for kind in ("shm", "msg", "sem") if rows(f"/proc/sysvipc/{kind}")]
+    try:
+        found += ["mqueue"] if os.listdir("/dev/mqueue") else []
+    except OSError:
+        pass
+    found += ["scratch"] if os.listdir("/scratch") else []
+    sockets = [line.split() for t in ("/proc/net/tcp", "/proc/net/tcp6") for line in rows(t)]
+    found += ["tcp"] if any(s[3] != "0A" or not s[1].endswith(":" + RELAY_LISTEN) for s in sockets) else []
+    return found
+def clean():
+    killall()
+    clear_ipc()
+    wipe("/scratch")
+    return dirty()
 def oom_kills():  # cgroup v1, else v2: the container's OOM-kill counter
     for path in ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"):
         try:
@@ -254,9 +295,10 @@ def oom_kills():  # cgroup v1, else v2: the container's OOM-kill counter
             pass
     return -1
 req = json.loads(readn(struct.unpack(">Q", readn(8))[0]))
-killall()
-if not wipe("/scratch"):
-    frame(b"x", json.dumps({"error": "scratch not clean"}).encode())
+left = clean()
+if left:
+    frame(b"x", json.dumps({"error": f"container not clean before the run ({', '.join(left)})",
+                            "retry": True}).encode())
     sys.exit(71)
 try:
     for name, size in req["files"]:
@@ -309,7 +351,7 @@ while sel.get_map():
         if keep:
             frame(key.data, keep)
 rc = p.wait()
-killall()
-frame(b"x", json.dumps({"rc": rc, "trunc": trunc, "wall": wall,
-                        "oom": oom_kills() - oom0 if oom0 >= 0 else 0}).encode())
+oom = oom_kills() - oom0 if oom0 >= 0 else 0
+frame(b"x", json.dumps({"rc": rc, "trunc": trunc, "wall": wall, "oom": oom, "dirty": clean()}).encode())
 """
+RUNNER = _RUNNER_HEAD + (Path(__file__).parent / "scratch.py").read_text() + _RUNNER_BODY

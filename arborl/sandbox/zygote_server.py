@@ -1,14 +1,13 @@
 """The warm interpreter of the ``zygote`` backend (runs inside bwrap; stdlib only, shipped as source).
 
 Started by :class:`arborl.sandbox.zygote.ZygoteBackend` as root inside a bwrap with its own
-mount/net/ipc/uts/pid namespaces (the empty network namespace is created once per worker and
-reused by every request). It receives a config (the launcher source, a seccomp BPF program,
+mount/net/ipc/uts/pid namespaces. It receives a config (the launcher source, a seccomp BPF program,
 limits, cgroup layout), imports the usual modules once, then serves one request at a time:
 
 1. before the request arrives: make its cgroups (memory + pids) below the worker's bind-mounted
-   cgroup dirs, ``unshare`` fresh pid/mount/ipc/uts namespaces, fork the *runner* (pid 1 of the
-   new pid namespace, so all its descendants die with it), and ``setns`` back to its own
-   namespaces; the runner mounts a size-capped tmpfs on ``/tmp`` and ``/dev/shm`` and a fresh
+   cgroup dirs, ``unshare`` fresh pid/mount/ipc/uts/net namespaces, fork the *runner* (pid 1 of
+   the new pid namespace, so all its descendants die with it), and ``setns`` back to its own
+   namespaces; the runner brings up the loopback of its empty network namespace, mounts a size-capped tmpfs on ``/tmp`` and ``/dev/shm`` and a fresh
    ``/proc``, joins the cgroups, hides them, sets rlimits, closes every other fd, drops to
    uid/gid 65534, installs seccomp, and waits on a socket of its own, whose other end the
    zygote passes to the caller (over a second socket, so it never mixes with replies);
@@ -28,6 +27,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import fcntl
 import json
 import marshal
 import os
@@ -42,6 +42,8 @@ import time
 import types
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID = 0x20000, 0x4000000, 0x8000000, 0x20000000
+CLONE_NEWNET = 0x40000000
+SIOCSIFFLAGS, IFF_UP, IFF_LOOPBACK = 0x8914, 0x1, 0x8
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
 MNT_DETACH = 2
 CG_MOUNT = "/run/arborl/cg"
@@ -98,6 +100,7 @@ class Server:
                 ("mnt", CLONE_NEWNS),
                 ("ipc", CLONE_NEWIPC),
                 ("uts", CLONE_NEWUTS),
+                ("net", CLONE_NEWNET),
             )
         ]
         for name in config["preload"]:
@@ -232,9 +235,9 @@ class Server:
     def fork_into_namespaces(
         self, chan: socket.socket, other: socket.socket, dirs: list[str]
     ) -> tuple[int, list[int]]:
-        """Fork the runner as pid 1 of fresh pid/mount/ipc/uts namespaces.
+        """Fork the runner as pid 1 of fresh pid/mount/ipc/uts/net namespaces.
 
-        ``unshare`` also moves the zygote itself into the new mount/ipc/uts namespaces (and sets
+        ``unshare`` also moves the zygote itself into the new mount/ipc/uts/net namespaces (and sets
         its children's pid namespace), so it returns to its own ones with ``setns`` right after
         the fork. This avoids an intermediate process per request. The zygote keeps an fd on the
         request's mount and ipc namespaces, so their teardown does not delay the runner's exit.
@@ -244,7 +247,9 @@ class Server:
         """
         sys.stdout.flush()
         sys.stderr.flush()
-        _check(_libc.unshare(CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
+        # A network namespace per run: sockets outlive their processes (TIME_WAIT), so a shared
+        # one would show the next run what this one connected to. Made ahead, like the rest.
+        _check(_libc.unshare(CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET), "unshare")
         held = [os.open(f"/proc/self/ns/{ns}", os.O_RDONLY | os.O_CLOEXEC) for ns in ("mnt", "ipc")]
         try:
             pid = os.fork()
@@ -320,8 +325,10 @@ class Server:
         self.launcher.run_snippet(request["code"])
 
     def jail(self, dirs: list[str]) -> None:
-        """Mounts, cgroups and rlimits of one request (as root, inside the new namespaces)."""
+        """Loopback, mounts, cgroups and rlimits of one request (as root, inside the new namespaces)."""
         os.setsid()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:  # lo of a new netns is down
+            fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", IFF_UP | IFF_LOOPBACK))
         _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
         opts = f"size={self.cfg['disk_mb'] << 20},mode=1777".encode()
         for path in (b"/tmp", b"/dev/shm"):
