@@ -41,7 +41,6 @@ import base64
 import contextlib
 import json
 import os
-import queue
 import shutil
 import socket
 import subprocess
@@ -54,6 +53,7 @@ from typing import ClassVar
 from arborl.sandbox import _wasm_runtime as rt
 from arborl.sandbox.base import ExecResult, Limits, SandboxError
 from arborl.sandbox.common import validate_files
+from arborl.sandbox.pool import IdlePool
 
 _MIN_MEMORY_MB = 16
 _GRACE_S = 0.5  # after the wall deadline before SIGKILL; the epoch trap normally fires first
@@ -67,6 +67,10 @@ class WasmBackend:
         proxy_socket: Must be ``None``: WASI has no network at all.
         wasm_path: ``python.wasm`` to run; default :func:`~arborl.sandbox._wasm_runtime.locate_python_wasm`.
         writable: Force the scratch mode; default: writable tmpfs if this process can mount one.
+        pool_size: Number of workers started up front and kept warm.
+        idle_size: How many idle workers to keep after a burst of concurrent runs has started
+            more (default ``pool_size``): those beyond it are stopped once idle for ``shrink_after_s``.
+        shrink_after_s: How long a worker beyond ``idle_size`` may stay idle.
     """
 
     name: ClassVar[str] = "wasm"
@@ -76,12 +80,15 @@ class WasmBackend:
     )
 
     def __init__(self, limits: Limits, *, proxy_socket: str | None = None, wasm_path: str | None = None,
-                 writable: bool | None = None, pool_size: int = 2) -> None:
+                 writable: bool | None = None, pool_size: int = 2, idle_size: int | None = None,
+                 shrink_after_s: float = 10.0) -> None:
         if proxy_socket is not None:
             raise SandboxError("the wasm backend has no network at all, so it cannot use proxy_socket; "
                                "use the bwrap or docker backend for runs that need the proxy")
         if pool_size < 1:
             raise ValueError(f"pool_size must be >= 1, got {pool_size}")
+        self._idle: IdlePool[_Worker] = IdlePool(
+            self._discard, idle_size=pool_size if idle_size is None else idle_size, shrink_after_s=shrink_after_s)
         if limits.memory_mb < _MIN_MEMORY_MB:
             raise SandboxError(f"the wasm backend needs Limits.memory_mb >= {_MIN_MEMORY_MB} (CPython's initial "
                                f"wasm heap is 10 MiB), got {limits.memory_mb}; raise memory_mb")
@@ -96,7 +103,6 @@ class WasmBackend:
         self._dir = tempfile.mkdtemp(prefix="arborl-wasm-")
         if self.writable:
             os.chmod(self._dir, 0o711)  # workers drop to uid 65534: traverse, but not list
-        self._idle: queue.Queue[_Worker] = queue.Queue()
         self._workers: set[_Worker] = set()
         self._lock = threading.Lock()
         self._closed = False
@@ -123,11 +129,15 @@ class WasmBackend:
             self._workers.add(w)
         return w
 
-    def _retire(self, w: _Worker) -> None:
-        """Kill a worker whose state is unknown; start its replacement in the background."""
+    def _discard(self, w: _Worker) -> None:
+        """Kill a worker and forget it."""
         w.kill()
         with self._lock:
             self._workers.discard(w)
+
+    def _retire(self, w: _Worker) -> None:
+        """Kill a worker whose state is unknown; start its replacement in the background."""
+        self._discard(w)
 
         def refill() -> None:
             with contextlib.suppress(SandboxError):
@@ -151,10 +161,7 @@ class WasmBackend:
         return res
 
     def _run(self, req: dict[str, object]) -> ExecResult:
-        try:
-            w = self._idle.get(timeout=1.0)
-        except queue.Empty:
-            w = self._spawn()  # all workers busy (concurrent callers) or being replaced
+        w = self._idle.get(timeout=1.0) or self._spawn()  # none idle: concurrent callers, or being replaced
         cap = self.limits.output_bytes
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -211,6 +218,7 @@ class WasmBackend:
         if self._closed:
             return
         self._closed = True
+        self._idle.close()
         with self._lock:
             workers = list(self._workers)
             self._workers.clear()
