@@ -150,6 +150,9 @@ def ensure_image(*, docker_host: str | None = None, python: str = HOST_PYTHON) -
 
 
 # -- programs run inside the container (passed with ``python3 -c``; stdlib only) ------------
+# They cannot import arborl, so each keeps its own small helpers (the runner's ``readn`` and its
+# capped relay loop stand for recv_exact and output.read_capped); only the scratch wipe is shared,
+# shipped as the source of arborl/sandbox/scratch.py.
 
 # pid 1 of a warm container: reaps orphans and otherwise sleeps. As pid 1 of its pid namespace it
 # ignores signals it has no handler for, so the runner's kill(-1) never stops the container. It

@@ -61,6 +61,7 @@ from arborl.sandbox import seccomp
 from arborl.sandbox._docker_image import BOOT, REAPER, RUNNER, ensure_image
 from arborl.sandbox.base import ExecResult, Limits, SandboxError
 from arborl.sandbox.common import PROXY_SOCKET_IN_SANDBOX, check_proxy_socket, relay_source, validate_files
+from arborl.sandbox.output import read_capped
 from arborl.sandbox.pool import IdlePool
 
 LABEL = "arborl.sandbox"
@@ -289,8 +290,8 @@ class DockerBackend:
         p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
         bufs: dict[str, bytearray] = {"out": bytearray(), "err": bytearray()}
-        readers = [threading.Thread(target=_read_capped, args=(p.stdout, bufs["out"], cap), daemon=True),
-                   threading.Thread(target=_read_capped, args=(p.stderr, bufs["err"], 1 << 16), daemon=True),
+        readers = [threading.Thread(target=read_capped, args=(p.stdout.fileno(), bufs["out"], cap), daemon=True),
+                   threading.Thread(target=read_capped, args=(p.stderr.fileno(), bufs["err"], 1 << 16), daemon=True),
                    threading.Thread(target=_feed, args=(p.stdin, payload), daemon=True)]
         for t in readers:
             t.start()
@@ -386,14 +387,6 @@ def _write_profile(*, allow_inet: bool) -> str:
         fh.write(data)
     os.replace(tmp, path)  # atomic: a concurrent backend never reads a half-written profile
     return path
-
-
-def _read_capped(stream: object, buf: bytearray, cap: int) -> None:
-    """Read a pipe to EOF, keeping the first ``cap`` bytes (the rest is drained and dropped)."""
-    fd = stream.fileno()  # type: ignore[attr-defined]
-    while data := os.read(fd, 65536):
-        if len(buf) < cap:
-            buf += data[: cap - len(buf)]
 
 
 def _feed(stream: object, payload: bytes) -> None:

@@ -53,6 +53,7 @@ from typing import ClassVar
 from arborl.sandbox import _wasm_runtime as rt
 from arborl.sandbox.base import ExecResult, Limits, SandboxError
 from arborl.sandbox.common import validate_files
+from arborl.sandbox.output import read_capped
 from arborl.sandbox.pool import IdlePool
 
 _MIN_MEMORY_MB = 16
@@ -166,8 +167,13 @@ class WasmBackend:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         bufs, total = [bytearray(), bytearray()], [0, 0]
-        readers = [threading.Thread(target=rt.read_capped, args=(fd, bufs[i], cap, total, i), daemon=True)
-                   for i, fd in enumerate((out_r, err_r))]
+
+        def read(i: int, fd: int) -> None:
+            try:
+                total[i] = read_capped(fd, bufs[i], cap)
+            finally:
+                os.close(fd)
+        readers = [threading.Thread(target=read, args=(i, fd), daemon=True) for i, fd in enumerate((out_r, err_r))]
         for t in readers:
             t.start()
         killed, status = False, None

@@ -55,6 +55,7 @@ from arborl.sandbox import common, seccomp
 from arborl.sandbox.base import ExecResult, Limits, SandboxError
 from arborl.sandbox.bwrap import BWRAP, BwrapBackend, _system_binds
 from arborl.sandbox.output import collect
+from arborl.sandbox.zygote_server import recv_exact
 
 # Imported once in every worker so snippets do not pay for them (and so lazy imports never need
 # paths that nobody cannot read).
@@ -71,20 +72,10 @@ _HOST_GRACE_S = 0.3  # the zygote enforces the deadline; the host kills the work
 def _recv_msg(sock: socket.socket, timeout: float) -> dict:
     sock.settimeout(timeout)
     try:
-        head = _recv_exact(sock, 8)
-        return json.loads(_recv_exact(sock, struct.unpack("!Q", head)[0]))
+        head = recv_exact(sock, 8)
+        return json.loads(recv_exact(sock, struct.unpack("!Q", head)[0]))
     finally:
         sock.settimeout(None)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise EOFError("zygote closed its socket")
-        buf += chunk
-    return bytes(buf)
 
 
 class _WorkerGone(SandboxError):

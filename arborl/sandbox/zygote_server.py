@@ -59,13 +59,15 @@ def _check(rc: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
+# The one copy: zygote.py and _wasm_runtime.py import it from here, since this module runs in
+# the sandbox as source text and so cannot import it from anywhere else.
 def recv_exact(sock: socket.socket, n: int) -> bytes:
     """Read exactly ``n`` bytes (``EOFError`` if the peer closed)."""
     buf = bytearray()
     while len(buf) < n:
         chunk = sock.recv(n - len(buf))
         if not chunk:
-            raise EOFError("caller closed the zygote socket")
+            raise EOFError("the peer closed the socket")
         buf += chunk
     return bytes(buf)
 
