@@ -11,19 +11,32 @@ sockets always and ``AF_INET`` unless a proxy is configured, ...; blocked calls 
 container's own pid namespace means everything the snippet starts can be found and killed.
 
 Per run. A small runner (``RUNNER`` in ``_docker_image.py``, run as uid 65534 via ``docker
-exec``) kills every leftover process of the sandbox user, empties ``/scratch``, writes the
-caller's files, then starts the snippet in a fresh interpreter with ``RLIMIT_CPU`` and relays its
-stdout/stderr as framed, capped chunks. When the snippet exits (or hits the wall deadline) the
-runner kills every other process of the sandbox user, so a double-forked daemon cannot outlive
-its run nor hold the pipes open. If anything goes wrong (host-side deadline, runner killed,
-broken framing, unclean scratch) the container is destroyed with ``docker kill`` and replaced in
+exec``) cleans the container (below), writes the caller's files, then starts the snippet in a
+fresh interpreter with ``RLIMIT_CPU`` and relays its stdout/stderr as framed, capped chunks.
+When the snippet exits (or hits the wall deadline) the runner kills every other process of the
+sandbox user, so a double-forked daemon cannot outlive its run nor hold the pipes open, and
+cleans the container again. If anything goes wrong (host-side deadline, runner killed, broken
+framing, a container left dirty) the container is destroyed with ``docker kill`` and replaced in
 the background: the docker CLI dying never stops a container by itself, so the kill is always
 explicit. Pool containers run with ``--rm`` and their pid 1 exits after ``idle_ttl_s`` without
-a run, so even a SIGKILLed owner leaves nothing behind for long.
+a run, so even a SIGKILLed owner leaves nothing behind for long. After a burst of concurrent
+runs has started extra containers, those beyond ``idle_size`` are removed once idle for
+``shrink_after_s`` (:class:`~arborl.sandbox.pool.IdlePool`).
 
-Cleanliness guarantee between runs on one container: no process of a previous run survives
-(``kill(-1)`` as the sandbox user; pid 1 is immune and only reaps), ``/scratch`` is emptied and
-checked empty, and nothing else is writable. Memory the snippet used is freed with its processes.
+Cleanliness guarantee between runs on one container. A warm container's IPC and network
+namespaces are shared by all its runs (making new ones needs privileges the runner does not
+have), so the runner cleans what outlives processes, before and after every run: it kills every
+process of the sandbox user until none is left (``kill(-1)``; pid 1 is immune and only reaps),
+removes every SysV shared-memory segment, message queue and semaphore set and every POSIX message
+queue (all owned by the sandbox user), and wipes ``/scratch`` iteratively
+(:func:`arborl.sandbox.scratch.wipe`: no depth, path-length or permission trick stops it). It then
+checks that none of these is left, and that ``/proc/net/tcp{,6}`` shows no socket but its own
+relay's listener: a TCP TIME_WAIT outlives its process and cannot be cleared without privileges.
+A container that fails the check is never reused: found before a run, the run is retried on
+another container (nothing of it ran); found after a run, the container is replaced. So a run
+that leaves TCP state (any proxied run that opened a connection) costs its container: the
+replacement starts in the background, measured in ``docs/sandbox.md``. Nothing else is writable,
+and memory the snippet used is freed with its processes and its IPC objects.
 
 What it does NOT isolate: the kernel is shared (a kernel exploit escapes; use a microVM for that,
 see ``microvm.md``); runc is the boundary (Debian's 1.1.5+ds1-1+deb12u1 carries the

@@ -12,12 +12,15 @@ one run's wasm state reaches the next). A run that blocks in a host call (``time
 blocking WASI ``poll_oneoff`` that no trap can interrupt) is stopped by SIGKILL of its worker at
 the wall deadline, and the worker is replaced in the background; the caller's process never
 runs wasm itself. The run's stdout/stderr are pipes the caller reads with a byte cap, draining
-the rest.
+the rest. A run that finds no idle worker starts one; after such a burst, the workers beyond
+``idle_size`` are stopped once idle for ``shrink_after_s`` (:class:`~arborl.sandbox.pool.IdlePool`).
 
 Disk. WASI has no quota of its own, so the scratch directory is a tmpfs of ``limits.disk_mb``
 (and a matching inode cap): a real cap. Each worker mounts its own in a private mount namespace
 (invisible to the host, gone with the worker), then drops to uid/gid 65534 for good, and empties
-the scratch after every run (a worker whose scratch cannot be emptied is replaced). Mounting
+the scratch after every run, iteratively (:func:`arborl.sandbox.scratch.wipe`: a tree thousands
+of levels deep or without permissions is removed too); a worker whose scratch cannot be emptied
+is replaced. WASI has no IPC and no sockets, so nothing else outlives a run. Mounting
 needs root (CAP_SYS_ADMIN); without it the scratch is preopened read-only (the snippet reads the
 files it is given and can write nothing), which also keeps the cap, and the workers keep the
 caller's uid. :attr:`WasmBackend.writable` says which mode is in use. If the backend's process

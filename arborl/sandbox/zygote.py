@@ -3,13 +3,11 @@
 Each worker is one :mod:`arborl.sandbox.zygote_server` process: Debian's ``/usr/bin/python3``
 with the common modules already imported, running as root inside a bwrap that gives it its own
 mount namespace (the same read-only system binds as the ``bwrap`` backend, nothing else of the
-host), an empty network namespace created **once per worker** and reused (creating one per
-request is slow and globally serialised), and its own pid/ipc/uts namespaces. For every request it
-forks a child into fresh pid/mount/ipc/uts namespaces that drops to uid 65534 before the snippet
-runs; two such children are forked and fully jailed *ahead* of their requests (they hold nothing
-of any request until one is handed to them), so a request only pays for handing over its fds.
-Concurrent calls use different workers (up to ``max_workers``), so they never share a
-network namespace.
+host), an empty network namespace, and its own pid/ipc/uts namespaces. For every request it
+forks a child into fresh pid/mount/ipc/uts/net namespaces that drops to uid 65534 before the
+snippet runs; two such children are forked and fully jailed *ahead* of their requests (they hold
+nothing of any request until one is handed to them), so a request only pays for handing over its
+fds, and the ~1.5 ms that a network namespace costs to create is spent before the request exists.
 
 What it isolates (the same probes as ``bwrap`` pass):
 
@@ -18,7 +16,8 @@ What it isolates (the same probes as ``bwrap`` pass):
   later children inherit, holds no other run's data.
 - **Files:** only the read-only system binds; per-request size-capped tmpfs ``/tmp`` and
   ``/dev/shm``; a fresh ``/proc`` showing only the request's own processes.
-- **Network:** loopback only (the worker's empty netns); optional proxy relay as in ``bwrap``.
+- **Network:** loopback only, in a network namespace of the request's own (so no socket state,
+  such as a TIME_WAIT, reaches a later request); optional proxy relay as in ``bwrap``.
 - **Processes / orphans:** the snippet is pid 1 of a new pid namespace; when it exits or is
   killed at the deadline, every descendant dies with it. Per-request memory + pids cgroups.
 - **Privileges:** uid/gid 65534, no capabilities, ``no_new_privs``, the seccomp filter (which
@@ -26,11 +25,10 @@ What it isolates (the same probes as ``bwrap`` pass):
 
 What it does not isolate: everything ``bwrap`` does not (the kernel, CPU share); in addition the
 zygote itself runs as **root** (with capabilities, confined to its namespaces) -- the snippet
-never runs in it, but a bug in the fork/drop sequence would matter more than in ``bwrap``. Runs of
-one worker are sequential in the same network namespace, so a port left in TIME_WAIT by the
-previous run can make a later ``bind`` without ``SO_REUSEADDR`` fail. The snippet is pid 1 of its
-namespace, so signals it sends to itself with a default action (e.g. ``os.kill(os.getpid(),
-SIGTERM)``) are ignored by the kernel, and the CPU limit ends it by SIGKILL rather than SIGXCPU.
+never runs in it, but a bug in the fork/drop sequence would matter more than in ``bwrap``. The
+snippet is pid 1 of its namespace, so signals it sends to itself with a default action (e.g.
+``os.kill(os.getpid(), SIGTERM)``) are ignored by the kernel, and the CPU limit ends it by SIGKILL
+rather than SIGXCPU.
 """
 
 from __future__ import annotations
