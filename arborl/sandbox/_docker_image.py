@@ -215,8 +215,9 @@ _boot()
 # queues are removed, /scratch is wiped (arborl/sandbox/scratch.py, shipped here as source); then
 # it lists what a later run could still see (``dirty``). A dirty container is never reused: before
 # a run, the runner refuses it ("retry": the host retries on another container); after a run, the
-# status names it and the host replaces the container. TCP TIME_WAIT (and any other socket state)
-# cannot be cleared by a process without privileges, so a run that leaves some costs its container.
+# status names it and the host replaces the container. Socket state cannot be cleared by a process
+# without privileges, so a run that leaves some costs its container (TIME_WAIT, the usual case, is
+# never created: the container runs with net.ipv4.tcp_max_tw_buckets=0).
 _RUNNER_HEAD = r"""
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
@@ -288,7 +289,11 @@ def clean():
     killall()
     clear_ipc()
     wipe("/scratch")
-    return dirty()
+    left, deadline = dirty(), time.monotonic() + 0.1
+    while left == ["tcp"] and time.monotonic() < deadline:  # the relay closing its last connections
+        time.sleep(0.005)
+        left = dirty()
+    return left
 def oom_kills():  # cgroup v1, else v2: the container's OOM-kill counter
     for path in ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"):
         try:

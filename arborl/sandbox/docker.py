@@ -191,6 +191,10 @@ class DockerBackend:
             "--user", "65534:65534", "--workdir", "/scratch", "--hostname", "sandbox",
             "--tmpfs", f"/scratch:size={lim.disk_mb}m,mode=1777,nosuid,nodev,noexec",
             "--log-driver", "none",
+            # The container's network namespace serves all its runs: closed TCP connections skip
+            # TIME_WAIT (which would show a later run's /proc/net/tcp what this one connected to,
+            # and make the runner replace the container). Safe on a loopback-only namespace.
+            "--sysctl", "net.ipv4.tcp_max_tw_buckets=0",
         ]
         if self._proxy:
             args += ["-v", f"{os.path.abspath(self._proxy)}:{_PROXY_IN_CONTAINER}"]
