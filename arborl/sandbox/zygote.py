@@ -4,10 +4,10 @@ Each worker is one :mod:`arborl.sandbox.zygote_server` process: Debian's ``/usr/
 with the common modules already imported, running as root inside a bwrap that gives it its own
 mount namespace (the same read-only system binds as the ``bwrap`` backend, nothing else of the
 host), an empty network namespace, and its own pid/ipc/uts namespaces. For every request it
-forks a child into fresh pid/mount/ipc/uts/net namespaces that drops to uid 65534 before the
-snippet runs; two such children are forked and fully jailed *ahead* of their requests (they hold
-nothing of any request until one is handed to them), so a request only pays for handing over its
-fds, and the ~1.5 ms that a network namespace costs to create is spent before the request exists.
+forks a child into fresh pid/mount/ipc/uts namespaces (and, with a proxy, a fresh network
+namespace) that drops to uid 65534 before the snippet runs; two such children are forked and
+fully jailed *ahead* of their requests (they hold nothing of any request until one is handed to
+them), so a request only pays for handing over its fds.
 
 What it isolates (the same probes as ``bwrap`` pass):
 
@@ -16,8 +16,10 @@ What it isolates (the same probes as ``bwrap`` pass):
   later children inherit, holds no other run's data.
 - **Files:** only the read-only system binds; per-request size-capped tmpfs ``/tmp`` and
   ``/dev/shm``; a fresh ``/proc`` showing only the request's own processes.
-- **Network:** loopback only, in a network namespace of the request's own (so no socket state,
-  such as a TIME_WAIT, reaches a later request); optional proxy relay as in ``bwrap``.
+- **Network:** loopback only; optional proxy relay as in ``bwrap``. With a proxy (the only case
+  in which the seccomp filter lets a snippet open inet sockets) every request has a network
+  namespace of its own, so no socket state such as a TIME_WAIT reaches a later request; without
+  one, requests of a worker share its empty namespace, where no inet socket can be opened.
 - **Processes / orphans:** the snippet is pid 1 of a new pid namespace; when it exits or is
   killed at the deadline, every descendant dies with it. Per-request memory + pids cgroups.
 - **Privileges:** uid/gid 65534, no capabilities, ``no_new_privs``, the seccomp filter (which
@@ -138,6 +140,7 @@ class _Worker:
             "cg_count": len(zygote_dirs), "cg_version": self.cg.version if self.cg else 0,
             "memory_mb": self.limits.memory_mb, "pids": self.limits.pids,
             "disk_mb": self.limits.disk_mb, "wall_s": self.limits.wall_s, "cpu_s": self.limits.cpu_s,
+            "netns_per_run": proxy is not None,  # only then can a snippet open inet sockets
         }  # fmt: skip
         data = pickle.dumps(config)
         self.sock.sendall(struct.pack("!Q", len(data)) + data)

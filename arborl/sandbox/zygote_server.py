@@ -5,9 +5,10 @@ mount/net/ipc/uts/pid namespaces. It receives a config (the launcher source, a s
 limits, cgroup layout), imports the usual modules once, then serves one request at a time:
 
 1. before the request arrives: make its cgroups (memory + pids) below the worker's bind-mounted
-   cgroup dirs, ``unshare`` fresh pid/mount/ipc/uts/net namespaces, fork the *runner* (pid 1 of
-   the new pid namespace, so all its descendants die with it), and ``setns`` back to its own
-   namespaces; the runner brings up the loopback of its empty network namespace, mounts a size-capped tmpfs on ``/tmp`` and ``/dev/shm`` and a fresh
+   cgroup dirs, ``unshare`` fresh pid/mount/ipc/uts namespaces (and, with a proxy, net), fork
+   the *runner* (pid 1 of the new pid namespace, so all its descendants die with it), and
+   ``setns`` back to its own namespaces; the runner brings up the loopback of its new network
+   namespace (the relay listens there), mounts a size-capped tmpfs on ``/tmp`` and ``/dev/shm`` and a fresh
    ``/proc``, joins the cgroups, hides them, sets rlimits, closes every other fd, drops to
    uid/gid 65534, installs seccomp, and waits on a socket of its own, whose other end the
    zygote passes to the caller (over a second socket, so it never mixes with replies);
@@ -104,6 +105,7 @@ class Server:
                 ("uts", CLONE_NEWUTS),
                 ("net", CLONE_NEWNET),
             )
+            if flag != CLONE_NEWNET or config["netns_per_run"]
         ]
         for name in config["preload"]:
             try:
@@ -237,7 +239,7 @@ class Server:
     def fork_into_namespaces(
         self, chan: socket.socket, other: socket.socket, dirs: list[str]
     ) -> tuple[int, list[int]]:
-        """Fork the runner as pid 1 of fresh pid/mount/ipc/uts/net namespaces.
+        """Fork the runner as pid 1 of fresh pid/mount/ipc/uts (and, with a proxy, net) namespaces.
 
         ``unshare`` also moves the zygote itself into the new mount/ipc/uts/net namespaces (and sets
         its children's pid namespace), so it returns to its own ones with ``setns`` right after
@@ -249,9 +251,12 @@ class Server:
         """
         sys.stdout.flush()
         sys.stderr.flush()
-        # A network namespace per run: sockets outlive their processes (TIME_WAIT), so a shared
-        # one would show the next run what this one connected to. Made ahead, like the rest.
-        _check(_libc.unshare(CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET), "unshare")
+        # With a proxy, a network namespace per run: inet sockets are allowed then, and TCP state
+        # outlives its processes (TIME_WAIT), so a shared one would show the next run what this
+        # one connected to. Without a proxy the filter refuses every inet socket, and runs keep
+        # the worker's empty one (a new one costs ~1.5 ms of CPU per run). Made ahead, like the rest.
+        net = CLONE_NEWNET if self.cfg["netns_per_run"] else 0
+        _check(_libc.unshare(CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | net), "unshare")
         held = [os.open(f"/proc/self/ns/{ns}", os.O_RDONLY | os.O_CLOEXEC) for ns in ("mnt", "ipc")]
         try:
             pid = os.fork()
@@ -329,8 +334,9 @@ class Server:
     def jail(self, dirs: list[str]) -> None:
         """Loopback, mounts, cgroups and rlimits of one request (as root, inside the new namespaces)."""
         os.setsid()
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:  # lo of a new netns is down
-            fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", IFF_UP | IFF_LOOPBACK))
+        if self.cfg["netns_per_run"]:  # lo of a new netns is down, and the relay listens there
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+                fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", IFF_UP | IFF_LOOPBACK))
         _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
         opts = f"size={self.cfg['disk_mb'] << 20},mode=1777".encode()
         for path in (b"/tmp", b"/dev/shm"):
