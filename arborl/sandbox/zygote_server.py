@@ -1,15 +1,15 @@
 """The warm interpreter of the ``zygote`` backend (runs inside bwrap; stdlib only, shipped as source).
 
 Started by :class:`arborl.sandbox.zygote.ZygoteBackend` as root inside a bwrap with its own
-mount/net/ipc/uts/pid namespaces. It receives a config (the launcher source, a seccomp BPF program,
-limits, cgroup layout), imports the usual modules once, then serves one request at a time:
+mount/net/ipc/uts/pid namespaces. It receives a config (the launcher source, a seccomp BPF
+program, limits, cgroup layout), imports the usual modules once, then serves one request at a time:
 
 1. before the request arrives: make its cgroups (memory + pids) below the worker's bind-mounted
    cgroup dirs, ``unshare`` fresh pid/mount/ipc/uts namespaces (and, with a proxy, net), fork
    the *runner* (pid 1 of the new pid namespace, so all its descendants die with it), and
    ``setns`` back to its own namespaces; the runner brings up the loopback of its new network
-   namespace (the relay listens there), mounts a size-capped tmpfs on ``/tmp`` and ``/dev/shm`` and a fresh
-   ``/proc``, joins the cgroups, hides them, sets rlimits, closes every other fd, drops to
+   namespace (the relay listens there), mounts a size-capped tmpfs on ``/tmp`` and ``/dev/shm``
+   and a fresh ``/proc``, joins the cgroups, hides them, sets rlimits, closes every other fd, drops to
    uid/gid 65534, installs seccomp, and waits on a socket of its own, whose other end the
    zygote passes to the caller (over a second socket, so it never mixes with replies);
 2. the caller sends its fds (stdout, stderr, request memfd) straight to a waiting runner, which
