@@ -215,7 +215,8 @@ _boot()
 # queues are removed, /scratch is wiped (arborl/sandbox/scratch.py, shipped here as source); then
 # it lists what a later run could still see (``dirty``). A dirty container is never reused: before
 # a run, the runner refuses it ("retry": the host retries on another container); after a run, the
-# status names it and the host replaces the container. Socket state cannot be cleared by a process
+# status names it and the host replaces the container. Sockets are counted with /proc/net/sockstat
+# (per network namespace, and cheap). Socket state cannot be cleared by a process
 # without privileges, so a run that leaves some costs its container (TIME_WAIT, the usual case, is
 # never created: the container runs with net.ipv4.tcp_max_tw_buckets=0).
 _RUNNER_HEAD = r"""
@@ -273,8 +274,17 @@ def clear_ipc():  # every object is ours (same uid): IPC_RMID = 0 for shmctl, ms
             os.unlink(os.path.join("/dev/mqueue", name))
     except OSError:
         pass
-RELAY_LISTEN = "%04X" % 3128  # the runner's own relay listens there (state 0A) during a run
-def dirty():  # what a later run could see of earlier ones; empty = the container may be reused
+def sockets():  # sockets and TIME_WAITs of this network namespace: sockstat's per-namespace counters
+    # (/proc/net/tcp would list them too, but walks the host's whole connection table: ~4 ms)
+    n = 0
+    for line in rows("/proc/net/sockstat") + rows("/proc/net/sockstat6"):
+        proto, _, counters = line.partition(":")
+        fields = counters.split()
+        values = dict(zip(fields[::2], fields[1::2]))
+        if proto.rstrip("6") in ("TCP", "UDP", "UDPLITE", "RAW"):
+            n += int(values.get("inuse", 0)) + int(values.get("tw", 0))
+    return n
+def dirty(listening=0):  # what a later run could see of earlier ones; empty = the container may be reused
     found = ["processes"] if others() else []
     found += [f"sysv {kind}" for kind in ("shm", "msg", "sem") if rows(f"/proc/sysvipc/{kind}")]
     try:
@@ -282,17 +292,16 @@ def dirty():  # what a later run could see of earlier ones; empty = the containe
     except OSError:
         pass
     found += ["scratch"] if os.listdir("/scratch") else []
-    sockets = [line.split() for t in ("/proc/net/tcp", "/proc/net/tcp6") for line in rows(t)]
-    found += ["tcp"] if any(s[3] != "0A" or not s[1].endswith(":" + RELAY_LISTEN) for s in sockets) else []
+    found += ["sockets"] if sockets() > listening else []
     return found
-def clean():
+def clean(listening=0):  # listening: the runner's own relay socket, open during a proxied run
     killall()
     clear_ipc()
     wipe("/scratch")
-    left, deadline = dirty(), time.monotonic() + 0.1
-    while left == ["tcp"] and time.monotonic() < deadline:  # the relay closing its last connections
+    left, deadline = dirty(listening), time.monotonic() + 0.1
+    while left == ["sockets"] and time.monotonic() < deadline:  # the relay closing its connections
         time.sleep(0.005)
-        left = dirty()
+        left = dirty(listening)
     return left
 def oom_kills():  # cgroup v1, else v2: the container's OOM-kill counter
     for path in ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"):
@@ -360,6 +369,7 @@ while sel.get_map():
             frame(key.data, keep)
 rc = p.wait()
 oom = oom_kills() - oom0 if oom0 >= 0 else 0
-frame(b"x", json.dumps({"rc": rc, "trunc": trunc, "wall": wall, "oom": oom, "dirty": clean()}).encode())
+left = clean(1 if req.get("relay") else 0)
+frame(b"x", json.dumps({"rc": rc, "trunc": trunc, "wall": wall, "oom": oom, "dirty": left}).encode())
 """
 RUNNER = _RUNNER_HEAD + (Path(__file__).parent / "scratch.py").read_text() + _RUNNER_BODY
