@@ -30,13 +30,14 @@ process of the sandbox user until none is left (``kill(-1)``; pid 1 is immune an
 removes every SysV shared-memory segment, message queue and semaphore set and every POSIX message
 queue (all owned by the sandbox user), and wipes ``/scratch`` iteratively
 (:func:`arborl.sandbox.scratch.wipe`: no depth, path-length or permission trick stops it). It then
-checks that none of these is left, and that ``/proc/net/tcp{,6}`` shows no socket but its own
-relay's listener: a TCP TIME_WAIT outlives its process and cannot be cleared without privileges.
-A container that fails the check is never reused: found before a run, the run is retried on
-another container (nothing of it ran); found after a run, the container is replaced. So a run
-that leaves TCP state (any proxied run that opened a connection) costs its container: the
-replacement starts in the background, measured in ``docs/sandbox.md``. Nothing else is writable,
-and memory the snippet used is freed with its processes and its IPC objects.
+checks that none of these is left, and that the network namespace holds no socket and no
+TIME_WAIT but its own relay's listener (``/proc/net/sockstat{,6}``): socket state can outlive
+its process and cannot be cleared without privileges. A container that fails the check is never
+reused: found before a run, the run is retried on another container (nothing of it ran); found
+after a run, the container is replaced in the background. Containers run with
+``net.ipv4.tcp_max_tw_buckets=0``, so closed connections leave no TIME_WAIT and proxied runs keep
+their container. Nothing else is writable, and memory the snippet used is freed with its
+processes and its IPC objects.
 
 What it does NOT isolate: the kernel is shared (a kernel exploit escapes; use a microVM for that,
 see ``microvm.md``); runc is the boundary (Debian's 1.1.5+ds1-1+deb12u1 carries the
