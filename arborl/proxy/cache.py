@@ -3,18 +3,29 @@
 Imported by the proxy process (own venv) and by arborl's main process (to inspect a cache), so it
 imports only the standard library.
 
-A response is stored under a key derived from what determines it:
+A response is stored under a key derived from everything the upstream sees that can change it:
 
 * the method, upper-cased;
-* the normalised URL: lower-case scheme and host, default port dropped, fragment dropped, query
-  parameters sorted (so ``?b=2&a=1`` and ``?a=1&b=2`` share an entry);
+* the URL with only what is case- or default-insensitive normalised: lower-case scheme and host,
+  default port dropped, an empty path written ``/``. The request-target after the host (path,
+  query, fragment) is kept exactly as sent: no reordering, no unescaping, no re-encoding, since
+  ``?a=1&a=2`` and ``?a=2&a=1``, ``?q=%zz`` and ``?q=%25zz``, ``?flag`` and ``?flag=``, ``;`` and
+  ``%3B`` are different requests to a server;
 * the sha256 of the request body;
-* the values of an explicit allowlist of request headers (empty by default: cookies, user
-  agents and dates would otherwise make every key unique).
+* the credentials: the sha256 of the ``Authorization``, ``Proxy-Authorization`` and ``Cookie``
+  headers (in the order sent) and of the URL's ``user:password@``. A response recorded under
+  credentials is only ever served to a request with the very same credentials, and a response
+  recorded without any never to one that has them. Only the digest is kept, never the value;
+* the values of an explicit allowlist of other request headers (empty by default: user agents and
+  dates would otherwise make every key unique).
 
 ``record`` mode overwrites the entry for a key with the newest response; ``replay`` serves it.
 Bodies are stored as received (still content-encoded), together with the status, the headers
 minus hop-by-hop ones, and the time they were fetched.
+
+A cache file written with an older key (:data:`SCHEMA_VERSION` 1 sorted and unescaped the query
+and ignored credentials) is refused when opened: its keys cannot be recomputed from what it
+stores, so it must be re-recorded.
 """
 
 from __future__ import annotations
@@ -25,9 +36,12 @@ import sqlite3
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""Version of the key and table format; 2: exact request-target and credentials in the key."""
+CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "cookie")
+"""Request headers that carry credentials: always part of the key, as a digest only."""
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 # Headers that describe one hop of the connection, not the resource (RFC 9110 section 7.6.1).
 HOP_BY_HOP = frozenset(
@@ -59,6 +73,17 @@ CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
+def _split(url: str) -> tuple[str, str, str, str]:
+    """``(scheme, userinfo, host[:port], request-target)`` of an absolute URL, target verbatim."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ValueError(f"cache keys need an absolute http(s) URL, got {url!r}")
+    ends = [i for i in (rest.find(c) for c in "/?#") if i >= 0]
+    authority, target = rest[: min(ends, default=len(rest))], rest[min(ends, default=len(rest)) :]
+    userinfo, _, hostport = authority.rpartition("@")
+    return scheme, userinfo, hostport, target
+
+
 def normalise_url(url: str) -> str:
     """Canonical form of a URL for cache keys (see the module docstring).
 
@@ -66,17 +91,28 @@ def normalise_url(url: str) -> str:
         url: An absolute ``http``/``https`` URL.
 
     Returns:
-        The normalised URL.
+        The URL with lower-case scheme and host, no default port and no ``user:password@``; the
+        path, query and fragment exactly as given.
     """
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
+    scheme, _, hostport, target = _split(url)
+    scheme = scheme.lower()
+    parts = urlsplit(f"{scheme}://{hostport}")
     host = (parts.hostname or "").lower().rstrip(".")
     if ":" in host:
         host = f"[{host}]"
     port = parts.port
     netloc = host if port is None or port == _DEFAULT_PORTS.get(scheme) else f"{host}:{port}"
-    query = urlencode(sorted(parse_qsl(parts.query, keep_blank_values=True)))
-    return urlunsplit((scheme, netloc, parts.path or "/", query, ""))
+    return f"{scheme}://{netloc}{target if target.startswith('/') else '/' + target}"
+
+
+def credentials_digest(url: str, headers: Iterable[tuple[str, str]]) -> str:
+    """Hex sha256 of a request's credentials (see the module docstring), ``""`` if it has none."""
+    creds = [[k.lower(), v] for k, v in headers if k.lower() in CREDENTIAL_HEADERS]
+    creds.sort(key=lambda kv: kv[0])  # stable: repeated headers keep the order they were sent in
+    userinfo = _split(url)[1]
+    if not creds and not userinfo:
+        return ""
+    return hashlib.sha256(json.dumps([userinfo, creds], separators=(",", ":")).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -87,26 +123,34 @@ class CacheKey:
         method: Upper-case HTTP method.
         url: Normalised URL.
         body_sha256: Hex sha256 of the request body.
-        headers: ``(name, value)`` pairs of the allowlisted request headers, sorted.
+        headers: ``(name, value)`` pairs of the allowlisted request headers, sorted by name
+            (repeated headers in the order sent).
+        credentials: Hex sha256 of the request's credentials, ``""`` for none.
     """
 
     method: str
     url: str
     body_sha256: str
     headers: tuple[tuple[str, str], ...] = ()
+    credentials: str = ""
 
     @property
     def digest(self) -> str:
         """The hex sha256 that is the table's primary key."""
         blob = json.dumps(
-            [self.method, self.url, self.body_sha256, list(self.headers)], separators=(",", ":")
+            [self.method, self.url, self.body_sha256, list(self.headers), self.credentials],
+            separators=(",", ":"),
         )
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def describe(self) -> str:
         """A one-line human description, used in replay-miss errors."""
         extra = "".join(f" {k}={v!r}" for k, v in self.headers)
-        return f"{self.method} {self.url} body_sha256={self.body_sha256[:16]}{extra} (key {self.digest[:16]})"
+        creds = "yes" if self.credentials else "none"
+        return (
+            f"{self.method} {self.url} body_sha256={self.body_sha256[:16]}{extra} credentials={creds} "
+            f"(key {self.digest[:16]})"
+        )
 
 
 def make_key(
@@ -123,14 +167,22 @@ def make_key(
         url: Absolute URL.
         body: Raw request body (empty for none).
         headers: All request headers as ``(name, value)`` pairs.
-        key_headers: Names of the headers that take part in the key (case-insensitive).
+        key_headers: Names of further headers that take part in the key (case-insensitive);
+            credential headers always do, as a digest (:data:`CREDENTIAL_HEADERS`).
 
     Returns:
         The key.
     """
-    wanted = {h.lower() for h in key_headers}
-    picked = sorted((k.lower(), v) for k, v in headers if k.lower() in wanted)
-    return CacheKey(method.upper(), normalise_url(url), hashlib.sha256(body).hexdigest(), tuple(picked))
+    headers = list(headers)
+    wanted = {h.lower() for h in key_headers} - set(CREDENTIAL_HEADERS)
+    picked = sorted(((k.lower(), v) for k, v in headers if k.lower() in wanted), key=lambda kv: kv[0])
+    return CacheKey(
+        method.upper(),
+        normalise_url(url),
+        hashlib.sha256(body).hexdigest(),
+        tuple(picked),
+        credentials_digest(url, headers),
+    )
 
 
 @dataclass(frozen=True)
@@ -169,8 +221,9 @@ class ResponseCache:
             self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         elif int(row[0]) != SCHEMA_VERSION:
             raise ValueError(
-                f"cache {path!r} has schema version {row[0]}, this arborl reads {SCHEMA_VERSION}; "
-                "use a new cache file or re-record"
+                f"cache {path!r} has schema version {row[0]}, this arborl reads {SCHEMA_VERSION} (keys on "
+                "the exact query and the credentials, docs/proxy.md), so its entries can never match; "
+                "re-record it (mode='record') into a new cache file"
             )
 
     def get(self, key: CacheKey) -> CachedResponse | None:

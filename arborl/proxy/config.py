@@ -82,7 +82,8 @@ class ProxyConfig:
     max_requests: int | None = None
     """Total request budget of this proxy's lifetime (e.g. one episode); None: unlimited."""
     cache_key_headers: tuple[str, ...] = ()
-    """Request headers that take part in the cache key (e.g. ``accept``)."""
+    """Further request headers that take part in the cache key (e.g. ``accept``); the credential
+    headers (``authorization``, ``proxy-authorization``, ``cookie``) always do, as a digest."""
     https_intercept: bool = True
     """Decrypt HTTPS with the proxy CA so it can be filtered per URL and cached. False tunnels
     CONNECT as opaque bytes (host policy only, no caching; impossible in ``replay``)."""

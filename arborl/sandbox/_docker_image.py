@@ -22,6 +22,7 @@ import subprocess
 import tarfile
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 from arborl.sandbox.base import SandboxError
 
@@ -149,6 +150,9 @@ def ensure_image(*, docker_host: str | None = None, python: str = HOST_PYTHON) -
 
 
 # -- programs run inside the container (passed with ``python3 -c``; stdlib only) ------------
+# They cannot import arborl, so each keeps its own small helpers (the runner's ``readn`` and its
+# capped relay loop stand for recv_exact and output.read_capped); only the scratch wipe is shared,
+# shipped as the source of arborl/sandbox/scratch.py.
 
 # pid 1 of a warm container: reaps orphans and otherwise sleeps. As pid 1 of its pid namespace it
 # ignores signals it has no handler for, so the runner's kill(-1) never stops the container. It
@@ -206,10 +210,22 @@ _boot()
 # It makes itself undumpable before any snippet exists: the snippet shares its uid, so without
 # that it could read the runner's memory through /proc, or ptrace it if the seccomp profile ever
 # let ptrace through, skip the final kill(-1) and leave a process behind that watches the next run.
-RUNNER = r"""
+# Before and after every run it cleans what outlives a run's processes in a warm container (its
+# IPC and network namespaces are shared by all its runs): SysV IPC objects and POSIX message
+# queues are removed, /scratch is wiped (arborl/sandbox/scratch.py, shipped here as source); then
+# it lists what a later run could still see (``dirty``). A dirty container is never reused: before
+# a run, the runner refuses it ("retry": the host retries on another container); after a run, the
+# status names it and the host replaces the container. Sockets are counted with /proc/net/sockstat
+# (per network namespace, and cheap). Socket state cannot be cleared by a process
+# without privileges, so a run that leaves some costs its container (TIME_WAIT, the usual case, is
+# never created: the container runs with net.ipv4.tcp_max_tw_buckets=0).
+_RUNNER_HEAD = r"""
 import ctypes
-ctypes.CDLL(None).prctl(4, 0)  # PR_SET_DUMPABLE 0: the snippet (same uid) cannot ptrace or read us
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl(4, 0)  # PR_SET_DUMPABLE 0: the snippet (same uid) cannot ptrace or read us
 import json, os, resource, selectors, signal, struct, subprocess, sys, time
+"""
+_RUNNER_BODY = r"""
 def readn(n):
     buf = bytearray()
     while len(buf) < n:
@@ -222,29 +238,71 @@ def frame(kind, data):
     view = memoryview(kind + struct.pack(">I", len(data)) + data)
     while view:
         view = view[os.write(1, view):]
-def killall():
+def others():  # live processes but pid 1 (the reaper) and this runner
+    left = []
+    for p in os.listdir("/proc"):
+        if p.isdigit() and int(p) not in (1, os.getpid()):
+            try:
+                with open(f"/proc/{p}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                        left.append(p)
+            except OSError:
+                pass
+    return left
+def killall():  # kill(-1) until nothing is left (a process may fork while the first kill lands)
+    deadline = time.monotonic() + 2.0
+    while True:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if not others() or time.monotonic() > deadline:
+            return
+        time.sleep(0.002)
+def rows(path):  # the lines of a /proc table below its header
     try:
-        os.kill(-1, signal.SIGKILL)
-    except ProcessLookupError:
+        with open(path) as f:
+            return f.read().splitlines()[1:]
+    except OSError:
+        return []
+def clear_ipc():  # every object is ours (same uid): IPC_RMID = 0 for shmctl, msgctl and semctl
+    for kind, rm in (("shm", libc.shmctl), ("msg", libc.msgctl), ("sem", libc.semctl)):
+        for line in rows(f"/proc/sysvipc/{kind}"):
+            rm(int(line.split()[1]), 0, 0)
+    try:
+        for name in os.listdir("/dev/mqueue"):
+            os.unlink(os.path.join("/dev/mqueue", name))
+    except OSError:
         pass
-def wipe(root):
-    for dirpath, dirs, _ in os.walk(root):
-        for d in dirs:
-            try:
-                os.chmod(os.path.join(dirpath, d), 0o700)
-            except OSError:
-                pass
-    for name in os.listdir(root):
-        p = os.path.join(root, name)
-        if os.path.isdir(p) and not os.path.islink(p):
-            import shutil
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
-    return not os.listdir(root)
+def sockets():  # sockets and TIME_WAITs of this network namespace: sockstat's per-namespace counters
+    # (/proc/net/tcp would list them too, but walks the host's whole connection table: ~4 ms)
+    n = 0
+    for line in rows("/proc/net/sockstat") + rows("/proc/net/sockstat6"):
+        proto, _, counters = line.partition(":")
+        fields = counters.split()
+        values = dict(zip(fields[::2], fields[1::2]))
+        if proto.rstrip("6") in ("TCP", "UDP", "UDPLITE", "RAW"):
+            n += int(values.get("inuse", 0)) + int(values.get("tw", 0))
+    return n
+def dirty(listening=0):  # what a later run could see of earlier ones; empty = the container may be reused
+    found = ["processes"] if others() else []
+    found += [f"sysv {kind}" for kind in ("shm", "msg", "sem") if rows(f"/proc/sysvipc/{kind}")]
+    try:
+        found += ["mqueue"] if os.listdir("/dev/mqueue") else []
+    except OSError:
+        pass
+    found += ["scratch"] if os.listdir("/scratch") else []
+    found += ["sockets"] if sockets() > listening else []
+    return found
+def clean(listening=0):  # listening: the runner's own relay socket, open during a proxied run
+    killall()
+    clear_ipc()
+    wipe("/scratch")
+    left, deadline = dirty(listening), time.monotonic() + 0.1
+    while left == ["sockets"] and time.monotonic() < deadline:  # the relay closing its connections
+        time.sleep(0.005)
+        left = dirty(listening)
+    return left
 def oom_kills():  # cgroup v1, else v2: the container's OOM-kill counter
     for path in ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"):
         try:
@@ -254,9 +312,10 @@ def oom_kills():  # cgroup v1, else v2: the container's OOM-kill counter
             pass
     return -1
 req = json.loads(readn(struct.unpack(">Q", readn(8))[0]))
-killall()
-if not wipe("/scratch"):
-    frame(b"x", json.dumps({"error": "scratch not clean"}).encode())
+left = clean()
+if left:
+    frame(b"x", json.dumps({"error": f"container not clean before the run ({', '.join(left)})",
+                            "retry": True}).encode())
     sys.exit(71)
 try:
     for name, size in req["files"]:
@@ -309,7 +368,8 @@ while sel.get_map():
         if keep:
             frame(key.data, keep)
 rc = p.wait()
-killall()
-frame(b"x", json.dumps({"rc": rc, "trunc": trunc, "wall": wall,
-                        "oom": oom_kills() - oom0 if oom0 >= 0 else 0}).encode())
+oom = oom_kills() - oom0 if oom0 >= 0 else 0
+left = clean(1 if req.get("relay") else 0)
+frame(b"x", json.dumps({"rc": rc, "trunc": trunc, "wall": wall, "oom": oom, "dirty": left}).encode())
 """
+RUNNER = _RUNNER_HEAD + (Path(__file__).parent / "scratch.py").read_text() + _RUNNER_BODY

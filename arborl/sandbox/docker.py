@@ -11,19 +11,33 @@ sockets always and ``AF_INET`` unless a proxy is configured, ...; blocked calls 
 container's own pid namespace means everything the snippet starts can be found and killed.
 
 Per run. A small runner (``RUNNER`` in ``_docker_image.py``, run as uid 65534 via ``docker
-exec``) kills every leftover process of the sandbox user, empties ``/scratch``, writes the
-caller's files, then starts the snippet in a fresh interpreter with ``RLIMIT_CPU`` and relays its
-stdout/stderr as framed, capped chunks. When the snippet exits (or hits the wall deadline) the
-runner kills every other process of the sandbox user, so a double-forked daemon cannot outlive
-its run nor hold the pipes open. If anything goes wrong (host-side deadline, runner killed,
-broken framing, unclean scratch) the container is destroyed with ``docker kill`` and replaced in
+exec``) cleans the container (below), writes the caller's files, then starts the snippet in a
+fresh interpreter with ``RLIMIT_CPU`` and relays its stdout/stderr as framed, capped chunks.
+When the snippet exits (or hits the wall deadline) the runner kills every other process of the
+sandbox user, so a double-forked daemon cannot outlive its run nor hold the pipes open, and
+cleans the container again. If anything goes wrong (host-side deadline, runner killed, broken
+framing, a container left dirty) the container is destroyed with ``docker kill`` and replaced in
 the background: the docker CLI dying never stops a container by itself, so the kill is always
 explicit. Pool containers run with ``--rm`` and their pid 1 exits after ``idle_ttl_s`` without
-a run, so even a SIGKILLed owner leaves nothing behind for long.
+a run, so even a SIGKILLed owner leaves nothing behind for long. After a burst of concurrent
+runs has started extra containers, those beyond ``idle_size`` are removed once idle for
+``shrink_after_s`` (:class:`~arborl.sandbox.pool.IdlePool`).
 
-Cleanliness guarantee between runs on one container: no process of a previous run survives
-(``kill(-1)`` as the sandbox user; pid 1 is immune and only reaps), ``/scratch`` is emptied and
-checked empty, and nothing else is writable. Memory the snippet used is freed with its processes.
+Cleanliness guarantee between runs on one container. A warm container's IPC and network
+namespaces are shared by all its runs (making new ones needs privileges the runner does not
+have), so the runner cleans what outlives processes, before and after every run: it kills every
+process of the sandbox user until none is left (``kill(-1)``; pid 1 is immune and only reaps),
+removes every SysV shared-memory segment, message queue and semaphore set and every POSIX message
+queue (all owned by the sandbox user), and wipes ``/scratch`` iteratively
+(:func:`arborl.sandbox.scratch.wipe`: no depth, path-length or permission trick stops it). It then
+checks that none of these is left, and that the network namespace holds no socket and no
+TIME_WAIT but its own relay's listener (``/proc/net/sockstat{,6}``): socket state can outlive
+its process and cannot be cleared without privileges. A container that fails the check is never
+reused: found before a run, the run is retried on another container (nothing of it ran); found
+after a run, the container is replaced in the background. Containers run with
+``net.ipv4.tcp_max_tw_buckets=0``, so closed connections leave no TIME_WAIT and proxied runs keep
+their container. Nothing else is writable, and memory the snippet used is freed with its
+processes and its IPC objects.
 
 What it does NOT isolate: the kernel is shared (a kernel exploit escapes; use a microVM for that,
 see ``docs/microvm.md``); runc is the boundary (Debian's 1.1.5+ds1-1+deb12u1 carries the
@@ -43,7 +57,6 @@ import contextlib
 import hashlib
 import json
 import os
-import queue
 import shutil
 import socket
 import stat
@@ -62,6 +75,8 @@ from arborl.sandbox import seccomp
 from arborl.sandbox._docker_image import BOOT, REAPER, RUNNER, ensure_image
 from arborl.sandbox.base import ExecResult, Limits, SandboxError
 from arborl.sandbox.common import PROXY_SOCKET_IN_SANDBOX, check_proxy_socket, relay_source, validate_files
+from arborl.sandbox.output import read_capped
+from arborl.sandbox.pool import IdlePool
 
 LABEL = "arborl.sandbox"
 """Every container this module creates carries ``--label arborl.sandbox=1`` (see :func:`remove_leftovers`)."""
@@ -100,7 +115,10 @@ class DockerBackend:
             which ``HTTP(S)_PROXY`` point at (the container has no other way out).
         warm: ``True`` (default) keeps ``pool_size`` containers started and ``docker exec``s into
             them; ``False`` starts a fresh ``docker run --rm`` container per run (slow, simple).
-        pool_size: Number of idle containers kept warm.
+        pool_size: Number of containers started up front and kept warm.
+        idle_size: How many idle containers to keep after a burst of concurrent runs has started
+            more (default ``pool_size``): those beyond it are removed once idle for ``shrink_after_s``.
+        shrink_after_s: How long a container beyond ``idle_size`` may stay idle.
         docker_host: Daemon address (``unix:///...``); default: the CLI's default / ``DOCKER_HOST``.
         idle_ttl_s: A pool container with no run for this long exits and is removed (it is then
             replaced on demand); bounds how long containers outlive an owner killed with SIGKILL.
@@ -115,9 +133,11 @@ class DockerBackend:
 
     def __init__(self, limits: Limits, *, proxy_socket: str | None = None, warm: bool = True,
                  pool_size: int = 2, docker_host: str | None = None, image: str | None = None,
-                 idle_ttl_s: float = 900.0) -> None:
+                 idle_ttl_s: float = 900.0, idle_size: int | None = None, shrink_after_s: float = 10.0) -> None:
         if pool_size < 1:
             raise ValueError(f"pool_size must be >= 1, got {pool_size}")
+        idle = IdlePool(self._destroy, idle_size=pool_size if idle_size is None else idle_size,
+                        shrink_after_s=shrink_after_s)  # validates both before anything starts
         # Resolved once: the per-run docker CLI gets a minimal environment without DOCKER_HOST.
         docker_host = docker_host or os.environ.get("DOCKER_HOST") or None
         proxy_socket = check_proxy_socket(proxy_socket)
@@ -132,7 +152,7 @@ class DockerBackend:
         self._image = image or ensure_image(docker_host=docker_host)
         self._seccomp_path = _write_profile(allow_inet=proxy_socket is not None)
         self._owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self._idle: queue.Queue[str] = queue.Queue()
+        self._idle: IdlePool[str] = idle
         self._live: set[str] = set()
         self._lock = threading.Lock()
         self._closed = False
@@ -172,6 +192,10 @@ class DockerBackend:
             "--user", "65534:65534", "--workdir", "/scratch", "--hostname", "sandbox",
             "--tmpfs", f"/scratch:size={lim.disk_mb}m,mode=1777,nosuid,nodev,noexec",
             "--log-driver", "none",
+            # The container's network namespace serves all its runs: closed TCP connections skip
+            # TIME_WAIT (which would show a later run's /proc/net/tcp what this one connected to,
+            # and make the runner replace the container). Safe on a loopback-only namespace.
+            "--sysctl", "net.ipv4.tcp_max_tw_buckets=0",
         ]
         if self._proxy:
             args += ["-v", f"{os.path.abspath(self._proxy)}:{_PROXY_IN_CONTAINER}"]
@@ -243,21 +267,20 @@ class DockerBackend:
 
     def _run_warm(self, payload: bytes) -> ExecResult:
         for attempt in range(2):
-            try:
-                name = self._idle.get(timeout=2.0)
-            except queue.Empty:
-                name = self._start_container()  # pool drained by concurrent callers
+            name = self._idle.get(timeout=2.0) or self._start_container()  # none idle: start one
             cmd = self._cli("exec", "-i", "-u", "65534:65534", "-w", "/scratch", name)
             out, err, rc, killed = self._drive(cmd, payload)
-            res = self._parse(out, err, rc, killed)
-            if not killed and res.error is None:
+            res, status = self._parse(out, err, rc, killed)
+            if not killed and res.error is None and not status.get("dirty"):
                 self._idle.put(name)
                 return res
+            # Killed, broken, or left with state a later run could see: never reused.
             self._recycle(name)
-            # A container that died between runs (pid 1 gone, idle TTL) never started the runner:
-            # that is not this snippet's doing, so run it once more on another container.
-            gone = b"is not running" in err or b"No such container" in err
-            if killed or out or not gone or attempt:
+            # Nothing of this snippet ran if the container died between runs (pid 1 gone, idle
+            # TTL: the runner never started) or was found unclean before the run: run it once
+            # more on another container.
+            gone = not out and (b"is not running" in err or b"No such container" in err)
+            if killed or attempt or not (gone or status.get("retry")):
                 return res
         return res
 
@@ -273,7 +296,7 @@ class DockerBackend:
         else:
             with self._lock:
                 self._live.discard(name)
-        return self._parse(out, err, rc, killed)
+        return self._parse(out, err, rc, killed)[0]
 
     def _cli(self, *args: str) -> list[str]:
         return ["docker", *(["--host", self._host] if self._host else []), *args,
@@ -285,8 +308,8 @@ class DockerBackend:
         p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
         bufs: dict[str, bytearray] = {"out": bytearray(), "err": bytearray()}
-        readers = [threading.Thread(target=_read_capped, args=(p.stdout, bufs["out"], cap), daemon=True),
-                   threading.Thread(target=_read_capped, args=(p.stderr, bufs["err"], 1 << 16), daemon=True),
+        readers = [threading.Thread(target=read_capped, args=(p.stdout.fileno(), bufs["out"], cap), daemon=True),
+                   threading.Thread(target=read_capped, args=(p.stderr.fileno(), bufs["err"], 1 << 16), daemon=True),
                    threading.Thread(target=_feed, args=(p.stdin, payload), daemon=True)]
         for t in readers:
             t.start()
@@ -310,7 +333,8 @@ class DockerBackend:
             t.join(timeout=2.0)
         return bytes(bufs["out"]), bytes(bufs["err"]), p.returncode, killed
 
-    def _parse(self, out: bytes, err: bytes, rc: int, killed: bool) -> ExecResult:
+    def _parse(self, out: bytes, err: bytes, rc: int, killed: bool) -> tuple[ExecResult, dict[str, object]]:
+        """The run's result, and the runner's status (``{}`` if it sent none)."""
         chunks: dict[bytes, list[bytes]] = {b"o": [], b"e": []}
         status: dict[str, object] | None = None
         i = 0
@@ -330,17 +354,18 @@ class DockerBackend:
                 (status or {}).get("error") or f"runner exited {rc} without a status: {err.decode()[-300:]}")
             return ExecResult(ok=False, exit_code=-9 if killed else rc, stdout=stdout, stderr=stderr,
                               timed_out=killed, backend=self.name,
-                              error=None if killed else f"docker sandbox: {why}")
+                              error=None if killed else f"docker sandbox: {why}"), status or {}
         exit_code = int(status["rc"])  # type: ignore[call-overload]
         timed_out = bool(status["wall"]) or exit_code == -24  # SIGXCPU = RLIMIT_CPU soft limit
         memory = bool(status["oom"]) or (exit_code == 1 and "MemoryError" in stderr[-2000:])
         return ExecResult(ok=exit_code == 0 and not timed_out and not memory, exit_code=exit_code,
                           stdout=stdout, stderr=stderr, timed_out=timed_out, memory_exceeded=memory,
-                          output_truncated=bool(status["trunc"]), backend=self.name)
+                          output_truncated=bool(status["trunc"]), backend=self.name), status
 
     def close(self) -> None:
         """Remove every container of this backend; idempotent."""
         self._closed = True
+        self._idle.close()
         self._refill.shutdown(wait=True)
         with self._lock:
             names = sorted(self._live)
@@ -380,14 +405,6 @@ def _write_profile(*, allow_inet: bool) -> str:
         fh.write(data)
     os.replace(tmp, path)  # atomic: a concurrent backend never reads a half-written profile
     return path
-
-
-def _read_capped(stream: object, buf: bytearray, cap: int) -> None:
-    """Read a pipe to EOF, keeping the first ``cap`` bytes (the rest is drained and dropped)."""
-    fd = stream.fileno()  # type: ignore[attr-defined]
-    while data := os.read(fd, 65536):
-        if len(buf) < cap:
-            buf += data[: cap - len(buf)]
 
 
 def _feed(stream: object, payload: bytes) -> None:

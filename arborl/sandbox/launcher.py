@@ -68,7 +68,10 @@ def read_fd(fd: int) -> bytes:
 
 
 def write_files(files: dict[str, bytes], root: str = SCRATCH) -> None:
-    """Write the caller's files below ``root`` (names were validated by the parent)."""
+    """Write the caller's files below ``root`` (names were validated by the parent).
+
+    The one copy: the wasm worker imports it from here (this module is stdlib-only, so it can).
+    """
     for name, data in files.items():
         path = os.path.join(root, name)
         parent = os.path.dirname(path)

@@ -49,6 +49,28 @@ class Captured:
         return bytes(self.streams.get(fd, b"")).decode("utf-8", errors="replace")
 
 
+def _keep(buf: bytearray, chunk: bytes, cap: int) -> int:
+    """Append what fits of ``chunk`` below ``cap`` bytes to ``buf``; return how many were dropped."""
+    room = max(cap - len(buf), 0)
+    buf += chunk[:room]
+    return max(len(chunk) - room, 0)
+
+
+def read_capped(fd: int, buf: bytearray, cap: int) -> int:
+    """Read a blocking fd to EOF in the calling thread, keeping the first ``cap`` bytes in ``buf``.
+
+    For readers that each own one pipe (a thread per stream); the rest is drained and dropped.
+
+    Returns:
+        How many bytes were read in all (more than ``cap`` means the output was truncated).
+    """
+    total = 0
+    while data := os.read(fd, _CHUNK):
+        total += len(data)
+        _keep(buf, data, cap)
+    return total
+
+
 def _drain(fd: int, cap: int, out: Captured) -> bool:
     """Read what is available from a non-blocking fd; return ``False`` at EOF."""
     while True:
@@ -60,12 +82,7 @@ def _drain(fd: int, cap: int, out: Captured) -> bool:
             return False
         if not chunk:
             return False
-        buf = out.streams[fd]
-        room = cap - len(buf)
-        if room > 0:
-            buf += chunk[:room]
-        if len(chunk) > room:
-            out.dropped[fd] += len(chunk) - max(room, 0)
+        out.dropped[fd] += _keep(out.streams[fd], chunk, cap)
 
 
 def collect(

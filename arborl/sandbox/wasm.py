@@ -12,12 +12,15 @@ one run's wasm state reaches the next). A run that blocks in a host call (``time
 blocking WASI ``poll_oneoff`` that no trap can interrupt) is stopped by SIGKILL of its worker at
 the wall deadline, and the worker is replaced in the background; the caller's process never
 runs wasm itself. The run's stdout/stderr are pipes the caller reads with a byte cap, draining
-the rest.
+the rest. A run that finds no idle worker starts one; after such a burst, the workers beyond
+``idle_size`` are stopped once idle for ``shrink_after_s`` (:class:`~arborl.sandbox.pool.IdlePool`).
 
 Disk. WASI has no quota of its own, so the scratch directory is a tmpfs of ``limits.disk_mb``
 (and a matching inode cap): a real cap. Each worker mounts its own in a private mount namespace
 (invisible to the host, gone with the worker), then drops to uid/gid 65534 for good, and empties
-the scratch after every run (a worker whose scratch cannot be emptied is replaced). Mounting
+the scratch after every run, iteratively (:func:`arborl.sandbox.scratch.wipe`: a tree thousands
+of levels deep or without permissions is removed too); a worker whose scratch cannot be emptied
+is replaced. WASI has no IPC and no sockets, so nothing else outlives a run. Mounting
 needs root (CAP_SYS_ADMIN); without it the scratch is preopened read-only (the snippet reads the
 files it is given and can write nothing), which also keeps the cap, and the workers keep the
 caller's uid. :attr:`WasmBackend.writable` says which mode is in use. If the backend's process
@@ -41,7 +44,6 @@ import base64
 import contextlib
 import json
 import os
-import queue
 import shutil
 import socket
 import subprocess
@@ -54,6 +56,8 @@ from typing import ClassVar
 from arborl.sandbox import _wasm_runtime as rt
 from arborl.sandbox.base import ExecResult, Limits, SandboxError
 from arborl.sandbox.common import validate_files
+from arborl.sandbox.output import read_capped
+from arborl.sandbox.pool import IdlePool
 
 _MIN_MEMORY_MB = 16
 _GRACE_S = 0.5  # after the wall deadline before SIGKILL; the epoch trap normally fires first
@@ -67,6 +71,10 @@ class WasmBackend:
         proxy_socket: Must be ``None``: WASI has no network at all.
         wasm_path: ``python.wasm`` to run; default :func:`~arborl.sandbox._wasm_runtime.locate_python_wasm`.
         writable: Force the scratch mode; default: writable tmpfs if this process can mount one.
+        pool_size: Number of workers started up front and kept warm.
+        idle_size: How many idle workers to keep after a burst of concurrent runs has started
+            more (default ``pool_size``): those beyond it are stopped once idle for ``shrink_after_s``.
+        shrink_after_s: How long a worker beyond ``idle_size`` may stay idle.
     """
 
     name: ClassVar[str] = "wasm"
@@ -76,12 +84,15 @@ class WasmBackend:
     )
 
     def __init__(self, limits: Limits, *, proxy_socket: str | None = None, wasm_path: str | None = None,
-                 writable: bool | None = None, pool_size: int = 2) -> None:
+                 writable: bool | None = None, pool_size: int = 2, idle_size: int | None = None,
+                 shrink_after_s: float = 10.0) -> None:
         if proxy_socket is not None:
             raise SandboxError("the wasm backend has no network at all, so it cannot use proxy_socket; "
                                "use the bwrap or docker backend for runs that need the proxy")
         if pool_size < 1:
             raise ValueError(f"pool_size must be >= 1, got {pool_size}")
+        self._idle: IdlePool[_Worker] = IdlePool(
+            self._discard, idle_size=pool_size if idle_size is None else idle_size, shrink_after_s=shrink_after_s)
         if limits.memory_mb < _MIN_MEMORY_MB:
             raise SandboxError(f"the wasm backend needs Limits.memory_mb >= {_MIN_MEMORY_MB} (CPython's initial "
                                f"wasm heap is 10 MiB), got {limits.memory_mb}; raise memory_mb")
@@ -96,7 +107,6 @@ class WasmBackend:
         self._dir = tempfile.mkdtemp(prefix="arborl-wasm-")
         if self.writable:
             os.chmod(self._dir, 0o711)  # workers drop to uid 65534: traverse, but not list
-        self._idle: queue.Queue[_Worker] = queue.Queue()
         self._workers: set[_Worker] = set()
         self._lock = threading.Lock()
         self._closed = False
@@ -123,11 +133,15 @@ class WasmBackend:
             self._workers.add(w)
         return w
 
-    def _retire(self, w: _Worker) -> None:
-        """Kill a worker whose state is unknown; start its replacement in the background."""
+    def _discard(self, w: _Worker) -> None:
+        """Kill a worker and forget it."""
         w.kill()
         with self._lock:
             self._workers.discard(w)
+
+    def _retire(self, w: _Worker) -> None:
+        """Kill a worker whose state is unknown; start its replacement in the background."""
+        self._discard(w)
 
         def refill() -> None:
             with contextlib.suppress(SandboxError):
@@ -151,16 +165,18 @@ class WasmBackend:
         return res
 
     def _run(self, req: dict[str, object]) -> ExecResult:
-        try:
-            w = self._idle.get(timeout=1.0)
-        except queue.Empty:
-            w = self._spawn()  # all workers busy (concurrent callers) or being replaced
+        w = self._idle.get(timeout=1.0) or self._spawn()  # none idle: concurrent callers, or being replaced
         cap = self.limits.output_bytes
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         bufs, total = [bytearray(), bytearray()], [0, 0]
-        readers = [threading.Thread(target=rt.read_capped, args=(fd, bufs[i], cap, total, i), daemon=True)
-                   for i, fd in enumerate((out_r, err_r))]
+
+        def read(i: int, fd: int) -> None:
+            try:
+                total[i] = read_capped(fd, bufs[i], cap)
+            finally:
+                os.close(fd)
+        readers = [threading.Thread(target=read, args=(i, fd), daemon=True) for i, fd in enumerate((out_r, err_r))]
         for t in readers:
             t.start()
         killed, status = False, None
@@ -211,6 +227,7 @@ class WasmBackend:
         if self._closed:
             return
         self._closed = True
+        self._idle.close()
         with self._lock:
             workers = list(self._workers)
             self._workers.clear()

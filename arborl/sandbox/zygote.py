@@ -3,13 +3,11 @@
 Each worker is one :mod:`arborl.sandbox.zygote_server` process: Debian's ``/usr/bin/python3``
 with the common modules already imported, running as root inside a bwrap that gives it its own
 mount namespace (the same read-only system binds as the ``bwrap`` backend, nothing else of the
-host), an empty network namespace created **once per worker** and reused (creating one per
-request is slow and globally serialised), and its own pid/ipc/uts namespaces. For every request it
-forks a child into fresh pid/mount/ipc/uts namespaces that drops to uid 65534 before the snippet
-runs; two such children are forked and fully jailed *ahead* of their requests (they hold nothing
-of any request until one is handed to them), so a request only pays for handing over its fds.
-Concurrent calls use different workers (up to ``max_workers``), so they never share a
-network namespace.
+host), an empty network namespace, and its own pid/ipc/uts namespaces. For every request it
+forks a child into fresh pid/mount/ipc/uts namespaces (and, with a proxy, a fresh network
+namespace) that drops to uid 65534 before the snippet runs; two such children are forked and
+fully jailed *ahead* of their requests (they hold nothing of any request until one is handed to
+them), so a request only pays for handing over its fds.
 
 What it isolates (the same probes as ``bwrap`` pass):
 
@@ -18,7 +16,10 @@ What it isolates (the same probes as ``bwrap`` pass):
   later children inherit, holds no other run's data.
 - **Files:** only the read-only system binds; per-request size-capped tmpfs ``/tmp`` and
   ``/dev/shm``; a fresh ``/proc`` showing only the request's own processes.
-- **Network:** loopback only (the worker's empty netns); optional proxy relay as in ``bwrap``.
+- **Network:** loopback only; optional proxy relay as in ``bwrap``. With a proxy (the only case
+  in which the seccomp filter lets a snippet open inet sockets) every request has a network
+  namespace of its own, so no socket state such as a TIME_WAIT reaches a later request; without
+  one, requests of a worker share its empty namespace, where no inet socket can be opened.
 - **Processes / orphans:** the snippet is pid 1 of a new pid namespace; when it exits or is
   killed at the deadline, every descendant dies with it. Per-request memory + pids cgroups.
 - **Privileges:** uid/gid 65534, no capabilities, ``no_new_privs``, the seccomp filter (which
@@ -26,11 +27,10 @@ What it isolates (the same probes as ``bwrap`` pass):
 
 What it does not isolate: everything ``bwrap`` does not (the kernel, CPU share); in addition the
 zygote itself runs as **root** (with capabilities, confined to its namespaces) -- the snippet
-never runs in it, but a bug in the fork/drop sequence would matter more than in ``bwrap``. Runs of
-one worker are sequential in the same network namespace, so a port left in TIME_WAIT by the
-previous run can make a later ``bind`` without ``SO_REUSEADDR`` fail. The snippet is pid 1 of its
-namespace, so signals it sends to itself with a default action (e.g. ``os.kill(os.getpid(),
-SIGTERM)``) are ignored by the kernel, and the CPU limit ends it by SIGKILL rather than SIGXCPU.
+never runs in it, but a bug in the fork/drop sequence would matter more than in ``bwrap``. The
+snippet is pid 1 of its namespace, so signals it sends to itself with a default action (e.g.
+``os.kill(os.getpid(), SIGTERM)``) are ignored by the kernel, and the CPU limit ends it by SIGKILL
+rather than SIGXCPU.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from arborl.sandbox import common, seccomp
 from arborl.sandbox.base import ExecResult, Limits, SandboxError
 from arborl.sandbox.bwrap import BWRAP, BwrapBackend, _system_binds
 from arborl.sandbox.output import collect
+from arborl.sandbox.zygote_server import recv_exact
 
 # Imported once in every worker so snippets do not pay for them (and so lazy imports never need
 # paths that nobody cannot read).
@@ -71,20 +72,10 @@ _HOST_GRACE_S = 0.3  # the zygote enforces the deadline; the host kills the work
 def _recv_msg(sock: socket.socket, timeout: float) -> dict:
     sock.settimeout(timeout)
     try:
-        head = _recv_exact(sock, 8)
-        return json.loads(_recv_exact(sock, struct.unpack("!Q", head)[0]))
+        head = recv_exact(sock, 8)
+        return json.loads(recv_exact(sock, struct.unpack("!Q", head)[0]))
     finally:
         sock.settimeout(None)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise EOFError("zygote closed its socket")
-        buf += chunk
-    return bytes(buf)
 
 
 class _WorkerGone(SandboxError):
@@ -149,6 +140,7 @@ class _Worker:
             "cg_count": len(zygote_dirs), "cg_version": self.cg.version if self.cg else 0,
             "memory_mb": self.limits.memory_mb, "pids": self.limits.pids,
             "disk_mb": self.limits.disk_mb, "wall_s": self.limits.wall_s, "cpu_s": self.limits.cpu_s,
+            "netns_per_run": proxy is not None,  # only then can a snippet open inet sockets
         }  # fmt: skip
         data = pickle.dumps(config)
         self.sock.sendall(struct.pack("!Q", len(data)) + data)

@@ -1,15 +1,15 @@
 """The warm interpreter of the ``zygote`` backend (runs inside bwrap; stdlib only, shipped as source).
 
 Started by :class:`arborl.sandbox.zygote.ZygoteBackend` as root inside a bwrap with its own
-mount/net/ipc/uts/pid namespaces (the empty network namespace is created once per worker and
-reused by every request). It receives a config (the launcher source, a seccomp BPF program,
-limits, cgroup layout), imports the usual modules once, then serves one request at a time:
+mount/net/ipc/uts/pid namespaces. It receives a config (the launcher source, a seccomp BPF
+program, limits, cgroup layout), imports the usual modules once, then serves one request at a time:
 
 1. before the request arrives: make its cgroups (memory + pids) below the worker's bind-mounted
-   cgroup dirs, ``unshare`` fresh pid/mount/ipc/uts namespaces, fork the *runner* (pid 1 of the
-   new pid namespace, so all its descendants die with it), and ``setns`` back to its own
-   namespaces; the runner mounts a size-capped tmpfs on ``/tmp`` and ``/dev/shm`` and a fresh
-   ``/proc``, joins the cgroups, hides them, sets rlimits, closes every other fd, drops to
+   cgroup dirs, ``unshare`` fresh pid/mount/ipc/uts namespaces (and, with a proxy, net), fork
+   the *runner* (pid 1 of the new pid namespace, so all its descendants die with it), and
+   ``setns`` back to its own namespaces; the runner brings up the loopback of its new network
+   namespace (the relay listens there), mounts a size-capped tmpfs on ``/tmp`` and ``/dev/shm``
+   and a fresh ``/proc``, joins the cgroups, hides them, sets rlimits, closes every other fd, drops to
    uid/gid 65534, installs seccomp, and waits on a socket of its own, whose other end the
    zygote passes to the caller (over a second socket, so it never mixes with replies);
 2. the caller sends its fds (stdout, stderr, request memfd) straight to a waiting runner, which
@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import fcntl
 import json
 import marshal
 import os
@@ -42,6 +43,8 @@ import time
 import types
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID = 0x20000, 0x4000000, 0x8000000, 0x20000000
+CLONE_NEWNET = 0x40000000
+SIOCSIFFLAGS, IFF_UP, IFF_LOOPBACK = 0x8914, 0x1, 0x8
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
 MNT_DETACH = 2
 CG_MOUNT = "/run/arborl/cg"
@@ -57,13 +60,15 @@ def _check(rc: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
+# The one copy: zygote.py and _wasm_runtime.py import it from here, since this module runs in
+# the sandbox as source text and so cannot import it from anywhere else.
 def recv_exact(sock: socket.socket, n: int) -> bytes:
     """Read exactly ``n`` bytes (``EOFError`` if the peer closed)."""
     buf = bytearray()
     while len(buf) < n:
         chunk = sock.recv(n - len(buf))
         if not chunk:
-            raise EOFError("caller closed the zygote socket")
+            raise EOFError("the peer closed the socket")
         buf += chunk
     return bytes(buf)
 
@@ -98,7 +103,9 @@ class Server:
                 ("mnt", CLONE_NEWNS),
                 ("ipc", CLONE_NEWIPC),
                 ("uts", CLONE_NEWUTS),
+                ("net", CLONE_NEWNET),
             )
+            if flag != CLONE_NEWNET or config["netns_per_run"]
         ]
         for name in config["preload"]:
             try:
@@ -232,9 +239,9 @@ class Server:
     def fork_into_namespaces(
         self, chan: socket.socket, other: socket.socket, dirs: list[str]
     ) -> tuple[int, list[int]]:
-        """Fork the runner as pid 1 of fresh pid/mount/ipc/uts namespaces.
+        """Fork the runner as pid 1 of fresh pid/mount/ipc/uts (and, with a proxy, net) namespaces.
 
-        ``unshare`` also moves the zygote itself into the new mount/ipc/uts namespaces (and sets
+        ``unshare`` also moves the zygote itself into the new mount/ipc/uts/net namespaces (and sets
         its children's pid namespace), so it returns to its own ones with ``setns`` right after
         the fork. This avoids an intermediate process per request. The zygote keeps an fd on the
         request's mount and ipc namespaces, so their teardown does not delay the runner's exit.
@@ -244,7 +251,12 @@ class Server:
         """
         sys.stdout.flush()
         sys.stderr.flush()
-        _check(_libc.unshare(CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
+        # With a proxy, a network namespace per run: inet sockets are allowed then, and TCP state
+        # outlives its processes (TIME_WAIT), so a shared one would show the next run what this
+        # one connected to. Without a proxy the filter refuses every inet socket, and runs keep
+        # the worker's empty one (a new one costs ~1.5 ms of CPU per run). Made ahead, like the rest.
+        net = CLONE_NEWNET if self.cfg["netns_per_run"] else 0
+        _check(_libc.unshare(CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | net), "unshare")
         held = [os.open(f"/proc/self/ns/{ns}", os.O_RDONLY | os.O_CLOEXEC) for ns in ("mnt", "ipc")]
         try:
             pid = os.fork()
@@ -320,8 +332,11 @@ class Server:
         self.launcher.run_snippet(request["code"])
 
     def jail(self, dirs: list[str]) -> None:
-        """Mounts, cgroups and rlimits of one request (as root, inside the new namespaces)."""
+        """Loopback, mounts, cgroups and rlimits of one request (as root, inside the new namespaces)."""
         os.setsid()
+        if self.cfg["netns_per_run"]:  # lo of a new netns is down, and the relay listens there
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+                fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", IFF_UP | IFF_LOOPBACK))
         _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
         opts = f"size={self.cfg['disk_mb'] << 20},mode=1777".encode()
         for path in (b"/tmp", b"/dev/shm"):

@@ -73,12 +73,17 @@ class Reply:
 
 
 def fetch(
-    proxy_url: str, url: str, data: bytes | None = None, timeout: float = 15.0, method: str | None = None
+    proxy_url: str,
+    url: str,
+    data: bytes | None = None,
+    timeout: float = 15.0,
+    method: str | None = None,
+    headers: dict[str, str] | None = None,
 ) -> Reply:
     """GET (or POST when ``data`` is given, or ``method``) ``url`` through the HTTP proxy at ``proxy_url``."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": proxy_url, "https": proxy_url}))
     try:
-        with opener.open(urllib.request.Request(url, data=data, method=method), timeout=timeout) as resp:
+        with opener.open(urllib.request.Request(url, data=data, headers=headers or {}, method=method), timeout=timeout) as resp:
             return Reply(resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read())
     except urllib.error.HTTPError as err:
         return Reply(err.code, {k.lower(): v for k, v in err.headers.items()}, err.read())

@@ -164,8 +164,8 @@ def test_record_then_replay_serves_same_bodies_with_zero_upstream_hits(
     assert again.headers["x-arborl-proxy"] == "cache-hit"
     assert again.headers["x-upstream"] == "yes"  # upstream headers are replayed too
     assert fetch(replayer.url, f"{base}/page", method="HEAD").headers["content-length"] == "18"
-    # The same query in another order is the same resource.
-    assert fetch(replayer.url, f"{base}/page?a=1&b=2").body == recorded["get"]
+    # The same query in another order is another request (a server may read it in order).
+    assert fetch(replayer.url, f"{base}/page?a=1&b=2").status == 504
     assert fetch(replayer.url, f"{base}/form", data=b"payload-1").body == recorded["post"]
     # A different body is a different key: explicit miss, still no upstream.
     miss = fetch(replayer.url, f"{base}/form", data=b"payload-2")
@@ -173,7 +173,7 @@ def test_record_then_replay_serves_same_bodies_with_zero_upstream_hits(
     assert b"replay mode and no recorded response for POST http://api.test:" in miss.body
     assert upstream.hits == 3
     stats = replayer.stats()
-    assert (stats["cache_hits"], stats["cache_misses"], stats["upstream_connections"]) == (4, 1, 0)
+    assert (stats["cache_hits"], stats["cache_misses"], stats["upstream_connections"]) == (3, 2, 0)
 
 
 def test_replay_miss_names_the_missing_key_and_connects_nowhere(
@@ -188,7 +188,7 @@ def test_replay_miss_names_the_missing_key_and_connects_nowhere(
     )
     reply = fetch(proxy.url, f"http://api.test:{port}/missing?z=1&y=2")
     assert reply.status == 504
-    assert f"GET http://api.test:{port}/missing?y=2&z=1".encode() in reply.body
+    assert f"GET http://api.test:{port}/missing?z=1&y=2".encode() in reply.body
     assert b"(key " in reply.body
     assert upstream.hits == 0
     assert proxy.stats()["upstream_connections"] == 0

@@ -238,7 +238,9 @@ print(json.dumps(res))
 
 def test_a_dead_pool_container_is_replaced_without_failing_the_run(docker_host: str) -> None:
     with DockerBackend(LIMITS, docker_host=docker_host, pool_size=1) as b:
-        victim = b._idle.queue[0]
+        victim = b._idle.get(timeout=0)
+        assert victim is not None
+        b._idle.put(victim)
         docker_cli(docker_host, "kill", victim)  # dies between runs, e.g. its pid 1 was killed
         r = b.run_python("print('fine')")
         assert (r.stdout, r.error) == ("fine\n", None)
