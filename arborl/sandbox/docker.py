@@ -6,11 +6,12 @@ host environment), ``--cap-drop ALL``, ``no-new-privileges``, the seccomp filter
 (:func:`arborl.sandbox.seccomp.docker_profile`: ``ptrace``, ``mount``, ``bpf``, ``keyctl``,
 ``unshare``, ``CLONE_NEWUSER``, ``ioctl(TIOCSTI)`` with the masked 32-bit compare, ``AF_INET6``
 sockets always and ``AF_INET`` unless a proxy is configured, ...; blocked calls fail with
-``EPERM``) in place of Docker's default profile, uid/gid 65534, a cgroup memory limit (swap off), a pids limit, ``--ipc none`` (so no
+``EPERM``) in place of Docker's default profile, a uid/gid of its own per container (leased from
+:mod:`arborl.sandbox.uids`, so no other sandbox on the host shares it), a cgroup memory limit (swap off), a pids limit, ``--ipc none`` (so no
 ``/dev/shm``) and one writable place: a size-capped ``noexec`` tmpfs at ``/scratch``. The
 container's own pid namespace means everything the snippet starts can be found and killed.
 
-Per run. A small runner (``RUNNER`` in ``_docker_image.py``, run as uid 65534 via ``docker
+Per run. A small runner (``RUNNER`` in ``_docker_image.py``, run as the container's uid via ``docker
 exec``) kills every leftover process of the sandbox user, empties ``/scratch``, writes the
 caller's files, then starts the snippet in a fresh interpreter with ``RLIMIT_CPU`` and relays its
 stdout/stderr as framed, capped chunks. When the snippet exits (or hits the wall deadline) the
@@ -58,10 +59,16 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar
 
-from arborl.sandbox import seccomp
+from arborl.sandbox import seccomp, uids
 from arborl.sandbox._docker_image import BOOT, REAPER, RUNNER, ensure_image
 from arborl.sandbox.base import ExecResult, Limits, SandboxError
-from arborl.sandbox.common import PROXY_SOCKET_IN_SANDBOX, check_proxy_socket, relay_source, validate_files
+from arborl.sandbox.common import (
+    PROXY_SOCKET_IN_SANDBOX,
+    check_proxy_socket,
+    cpu_limit_hit,
+    relay_source,
+    validate_files,
+)
 
 LABEL = "arborl.sandbox"
 """Every container this module creates carries ``--label arborl.sandbox=1`` (see :func:`remove_leftovers`)."""
@@ -134,6 +141,7 @@ class DockerBackend:
         self._owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._idle: queue.Queue[str] = queue.Queue()
         self._live: set[str] = set()
+        self._uids: dict[str, uids.UidLease] = {}  # container name -> the uid all its processes run as
         self._lock = threading.Lock()
         self._closed = False
         self._refill = ThreadPoolExecutor(max_workers=2, thread_name_prefix="arborl-docker-pool")
@@ -158,7 +166,7 @@ class DockerBackend:
 
     # -- containers -------------------------------------------------------------------------
 
-    def _security_args(self) -> list[str]:
+    def _security_args(self, uid: int) -> list[str]:
         lim = self.limits
         mem = lim.memory_mb + 32  # runner + reaper overhead, so the snippet gets about memory_mb
         # pids + 2: the pid-1 reaper and the runner, so the snippet and its children get ``pids``.
@@ -169,7 +177,7 @@ class DockerBackend:
             "--ipc", "none",
             "--memory", f"{mem}m", "--memory-swap", f"{mem}m", "--pids-limit", str(lim.pids + 2),
             "--cpus", "1", "--ulimit", "core=0", "--ulimit", "nofile=1024:1024",
-            "--user", "65534:65534", "--workdir", "/scratch", "--hostname", "sandbox",
+            "--user", f"{uid}:{uid}", "--workdir", "/scratch", "--hostname", "sandbox",
             "--tmpfs", f"/scratch:size={lim.disk_mb}m,mode=1777,nosuid,nodev,noexec",
             "--log-driver", "none",
         ]
@@ -177,11 +185,24 @@ class DockerBackend:
             args += ["-v", f"{os.path.abspath(self._proxy)}:{_PROXY_IN_CONTAINER}"]
         return args
 
-    def _start_container(self) -> str:
-        name = f"arborl-sbx-{uuid.uuid4().hex[:12]}"
+    def _lease_uid(self, name: str) -> int:
+        lease = uids.lease()
         with self._lock:
             self._live.add(name)
-        r = _docker("run", "-d", "--rm", "--name", name, *self._security_args(), self._image,
+            self._uids[name] = lease
+        return lease.uid
+
+    def _release_uid(self, name: str) -> None:
+        """Give the container's uid back once nothing of it runs any more."""
+        with self._lock:
+            lease = self._uids.pop(name, None)
+        if lease is not None:
+            lease.release()
+
+    def _start_container(self) -> str:
+        name = f"arborl-sbx-{uuid.uuid4().hex[:12]}"
+        uid = self._lease_uid(name)
+        r = _docker("run", "-d", "--rm", "--name", name, *self._security_args(uid), self._image,
                     "/usr/bin/python3", "-I", "-S", "-c", REAPER, str(self._idle_ttl_s), host=self._host)
         if r.returncode != 0:
             self._destroy(name)
@@ -194,6 +215,7 @@ class DockerBackend:
         _docker("rm", "-f", name, host=self._host)
         with self._lock:
             self._live.discard(name)
+        self._release_uid(name)
 
     def _recycle(self, name: str) -> None:
         """Destroy a container whose state is unknown and start a replacement in the background."""
@@ -216,7 +238,8 @@ class DockerBackend:
 
     def _payload(self, code: str, stdin: str, files: dict[str, bytes] | None) -> bytes:
         items = sorted(validate_files(files).items())
-        env = {"PATH": "/usr/bin:/bin", "HOME": "/scratch", "TMPDIR": "/scratch", "LANG": "C.UTF-8"}
+        # USER: the container's uid has no passwd entry (getpass.getuser() reads USER first).
+        env = {"PATH": "/usr/bin:/bin", "HOME": "/scratch", "TMPDIR": "/scratch", "LANG": "C.UTF-8", "USER": "nobody"}
         extra: dict[str, str] = {}
         if self._proxy:
             env.update({v: _PROXY_URL for v in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")})
@@ -247,7 +270,8 @@ class DockerBackend:
                 name = self._idle.get(timeout=2.0)
             except queue.Empty:
                 name = self._start_container()  # pool drained by concurrent callers
-            cmd = self._cli("exec", "-i", "-u", "65534:65534", "-w", "/scratch", name)
+            uid = self._uids[name].uid
+            cmd = self._cli("exec", "-i", "-u", f"{uid}:{uid}", "-w", "/scratch", name)
             out, err, rc, killed = self._drive(cmd, payload)
             res = self._parse(out, err, rc, killed)
             if not killed and res.error is None:
@@ -263,9 +287,8 @@ class DockerBackend:
 
     def _run_cold(self, payload: bytes) -> ExecResult:
         name = f"arborl-sbx-{uuid.uuid4().hex[:12]}"
-        with self._lock:
-            self._live.add(name)
-        cmd = self._cli("run", "--rm", "-i", "--init", "--name", name, *self._security_args(), self._image)
+        uid = self._lease_uid(name)
+        cmd = self._cli("run", "--rm", "-i", "--init", "--name", name, *self._security_args(uid), self._image)
         out, err, rc, killed = self._drive(cmd, payload)
         if killed:  # the container may still run: kill it (``--rm`` then removes it)
             with contextlib.suppress(RuntimeError):  # executor shut down: close() removes it
@@ -273,6 +296,7 @@ class DockerBackend:
         else:
             with self._lock:
                 self._live.discard(name)
+            self._release_uid(name)
         return self._parse(out, err, rc, killed)
 
     def _cli(self, *args: str) -> list[str]:
@@ -332,7 +356,8 @@ class DockerBackend:
                               timed_out=killed, backend=self.name,
                               error=None if killed else f"docker sandbox: {why}")
         exit_code = int(status["rc"])  # type: ignore[call-overload]
-        timed_out = bool(status["wall"]) or exit_code == -24  # SIGXCPU = RLIMIT_CPU soft limit
+        # RLIMIT_CPU: SIGXCPU at the soft limit, or SIGKILL at the hard one if SIGXCPU was ignored.
+        timed_out = bool(status["wall"]) or cpu_limit_hit(exit_code, float(status.get("cpu", 0.0)), self.limits)
         memory = bool(status["oom"]) or (exit_code == 1 and "MemoryError" in stderr[-2000:])
         return ExecResult(ok=exit_code == 0 and not timed_out and not memory, exit_code=exit_code,
                           stdout=stdout, stderr=stderr, timed_out=timed_out, memory_exceeded=memory,
@@ -349,6 +374,9 @@ class DockerBackend:
         self._finalizer()  # remove_leftovers for this owner, once
         with self._lock:
             self._live.clear()
+            leases, self._uids = list(self._uids.values()), {}
+        for lease in leases:
+            lease.release()
 
     def __enter__(self) -> DockerBackend:
         return self
