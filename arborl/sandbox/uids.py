@@ -8,7 +8,9 @@ bwrap spare, a zygote runner, a process-backend run, a docker container, a wasm 
 a uid leased from :data:`UID_RANGE`, which no other sandbox holds at the same time; gid = uid.
 
 A lease is a lock file ``<LEASE_DIR>/<uid>`` held with ``flock`` for as long as the sandbox
-lives, so leases are exclusive across threads and across processes, and a lease whose owner dies
+lives (a caller that is not root, e.g. a docker-group user of the docker backend, keeps its
+leases in a private directory of its own, ``<tmp>/arborl-sandbox-uids-<euid>``: exclusive among
+its own sandboxes only), so leases are exclusive across threads and across processes, and a lease whose owner dies
 is released by the kernel. A clean :meth:`UidLease.release` (after every process of the
 sandbox is gone) deletes the file; a file left behind without a lock therefore marks a uid whose
 owner died mid-run, and :func:`lease` first kills whatever still runs as that uid before handing
@@ -26,6 +28,7 @@ import fcntl
 import os
 import random
 import signal
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -86,20 +89,26 @@ class UidLease:
         os.close(fd)
 
 
+def _lease_root() -> str:
+    euid = os.geteuid()
+    return LEASE_DIR if euid == 0 else os.path.join(tempfile.gettempdir(), f"arborl-sandbox-uids-{euid}")
+
+
 def _path(uid: int) -> str:
-    return os.path.join(LEASE_DIR, str(uid))
+    return os.path.join(_lease_root(), str(uid))
 
 
 def _lease_dir() -> None:
+    root = _lease_root()
     try:
-        os.mkdir(LEASE_DIR, 0o700)
+        os.mkdir(root, 0o700)
     except FileExistsError:
         pass
     except OSError as exc:
-        raise SandboxError(f"cannot create the uid lease directory {LEASE_DIR} ({exc}); run as root") from exc
-    st = os.lstat(LEASE_DIR)
-    if not os.path.isdir(LEASE_DIR) or os.path.islink(LEASE_DIR) or st.st_uid != 0 or st.st_mode & 0o077:
-        raise SandboxError(f"{LEASE_DIR} must be a directory of root with mode 0700; remove it and retry")
+        raise SandboxError(f"cannot create the uid lease directory {root} ({exc}); check its parent") from exc
+    st = os.lstat(root)
+    if not os.path.isdir(root) or os.path.islink(root) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise SandboxError(f"{root} must be a directory of this user with mode 0700; remove it and retry")
 
 
 def _try(uid: int) -> UidLease | None:
@@ -134,7 +143,7 @@ def lease() -> UidLease:
     """Lease a uid of :data:`UID_RANGE` that no other sandbox on this host holds.
 
     Raises:
-        SandboxError: Not root (the lease directory is root's), or every uid is leased.
+        SandboxError: The lease directory is unusable, or every uid is leased.
     """
     _lease_dir()
     n = len(UID_RANGE)
@@ -189,8 +198,8 @@ def kill_uid(uid: int, *, timeout_s: float = 2.0) -> None:
             try:
                 if key in _uids_of(pid):
                     signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            except (ProcessLookupError, PermissionError):
+                pass  # gone, or not ours to kill (a caller that is not root)
             finally:
                 os.close(pidfd)
         if time.monotonic() > end:
