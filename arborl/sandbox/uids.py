@@ -162,6 +162,42 @@ def lease() -> UidLease:
     )
 
 
+def conflicts(
+    uid_range: range | None = None,
+    *,
+    passwd: str = "/etc/passwd",
+    subid_files: tuple[str, ...] = ("/etc/subuid", "/etc/subgid"),
+) -> list[str]:
+    """Host uses of the reserved range: passwd users and subuid/subgid ranges that fall in it.
+
+    ``scripts/setup/sandbox.sh`` refuses to finish while this is not empty.
+
+    Args:
+        uid_range: The range to check (default :data:`UID_RANGE`).
+        passwd: A passwd-format file (``name:x:uid:...``).
+        subid_files: subuid/subgid-format files (``name:first:count``).
+
+    Returns:
+        One line per conflict, naming the file, the entry and the overlap.
+    """
+    r = uid_range or UID_RANGE
+    out: list[str] = []
+    with contextlib.suppress(OSError), open(passwd) as fh:
+        for line in fh:
+            fields = line.split(":")
+            if len(fields) > 2 and fields[2].isdigit() and int(fields[2]) in r:
+                out.append(f"{passwd}: user {fields[0]} has uid {fields[2]}")
+    for path in subid_files:
+        with contextlib.suppress(OSError), open(path) as fh:
+            for line in fh:
+                fields = line.strip().split(":")
+                if len(fields) == 3 and fields[1].isdigit() and fields[2].isdigit():
+                    lo, n = int(fields[1]), int(fields[2])
+                    if lo < r.stop and r.start < lo + n:
+                        out.append(f"{path}: {fields[0]} maps {lo}-{lo + n - 1}")
+    return out
+
+
 def _uids_of(pid: int | str) -> list[bytes]:
     """Real, effective, saved and fs uid of ``pid`` (empty once it has exited)."""
     try:

@@ -31,7 +31,9 @@ def test_stdin_larger_than_disk_arrives_whole(backend_name: str) -> None:
 
 
 def test_cpu_limit_reads_as_timed_out_when_sigxcpu_is_ignored(backend_name: str) -> None:
-    limits = Limits(wall_s=12.0, cpu_s=1.0, memory_mb=LIMITS.memory_mb, pids=LIMITS.pids, disk_mb=LIMITS.disk_mb)
+    limits = Limits(
+        wall_s=12.0, cpu_s=1.0, memory_mb=LIMITS.memory_mb, pids=LIMITS.pids, disk_mb=LIMITS.disk_mb
+    )
     code = (
         "import signal\n"
         "if hasattr(signal, 'SIGXCPU'):\n"

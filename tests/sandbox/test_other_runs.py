@@ -134,7 +134,9 @@ def test_the_snippets_interpreter_is_not_dumpable(sandbox: Sandbox) -> None:
     assert out == "0", out
 
 
-def test_kill_all_from_a_host_pid_namespace_run_spares_other_runs(sandbox: Sandbox, attacker: Sandbox) -> None:
+def test_kill_all_from_a_host_pid_namespace_run_spares_other_runs(
+    sandbox: Sandbox, attacker: Sandbox
+) -> None:
     victim, out = _in_background(sandbox, "import time\ntime.sleep(2.5)\nprint('alive')")
     time.sleep(0.4)  # the victim's processes exist now
     attack = attacker.run_python(KILL_ALL.format(seconds=2.0))

@@ -30,7 +30,9 @@ def test_a_uid_held_by_another_process_is_skipped() -> None:
     probe = uids.lease()
     uid = probe.uid
     probe.release()
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, uids._path(uid)], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, uids._path(uid)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
         _point_cursor_at(uid)
@@ -78,7 +80,9 @@ def test_a_uid_left_by_a_dead_owner_is_reaped_before_reuse() -> None:
 @pytest.mark.parametrize("spec", ["100:1000", "1900000000", "x:y", "2000000000:8"])
 def test_a_bad_uid_range_is_refused_with_the_rule(spec: str) -> None:
     env = {**os.environ, "ARBORL_SANDBOX_UIDS": spec}
-    r = subprocess.run([sys.executable, "-c", "import arborl.sandbox.uids"], env=env, capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-c", "import arborl.sandbox.uids"], env=env, capture_output=True, text=True
+    )
     assert r.returncode == 1
     assert f"ARBORL_SANDBOX_UIDS={spec!r} must be FIRST:COUNT" in r.stderr.strip().splitlines()[-1]
 
@@ -90,3 +94,12 @@ def test_a_good_uid_range_is_used() -> None:
         env=env, capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert 2_000_000_000 <= int(r.stdout) < 2_000_000_064
+
+
+def test_host_uses_of_the_range_are_listed(tmp_path) -> None:
+    passwd = tmp_path / "passwd"
+    passwd.write_text("root:x:0:0::/root:/bin/sh\nclash:x:5010:5010::/:/bin/sh\nok:x:4999:4999::/:/bin/sh\n")
+    subuid = tmp_path / "subuid"
+    subuid.write_text("alice:4000:1000\nbob:5063:10\ncarol:3000:1000\n")  # 4000-4999 ends below; 5063-5072 overlaps
+    found = uids.conflicts(range(5000, 5064), passwd=str(passwd), subid_files=(str(subuid),))
+    assert found == [f"{passwd}: user clash has uid 5010", f"{subuid}: bob maps 5063-5072"]
