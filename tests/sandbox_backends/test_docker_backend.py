@@ -18,10 +18,10 @@ import pytest
 from backendkit import SITE_BUILTINS, FakeProxy, docker_cli
 
 from arborl.sandbox import seccomp
-from arborl.sandbox.uids import UID_RANGE
 from arborl.sandbox._docker_image import ensure_image
 from arborl.sandbox.base import Limits, SandboxError
 from arborl.sandbox.docker import DockerBackend
+from arborl.sandbox.uids import UID_RANGE
 
 LIMITS = Limits(wall_s=3.0, cpu_s=2.0, memory_mb=128, pids=32, disk_mb=8, output_bytes=4096)
 
