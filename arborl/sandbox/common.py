@@ -255,7 +255,11 @@ def spawn(
     )
     try:
         preexec = make_preexec(
-            cg.procs_paths() if cg else [], rlimits(limits, cgroup=cg is not None), uid, before_drop, after_drop
+            cg.procs_paths() if cg else [],
+            rlimits(limits, cgroup=cg is not None),
+            uid,
+            before_drop,
+            after_drop,
         )
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -100,6 +100,7 @@ def test_host_uses_of_the_range_are_listed(tmp_path) -> None:
     passwd = tmp_path / "passwd"
     passwd.write_text("root:x:0:0::/root:/bin/sh\nclash:x:5010:5010::/:/bin/sh\nok:x:4999:4999::/:/bin/sh\n")
     subuid = tmp_path / "subuid"
-    subuid.write_text("alice:4000:1000\nbob:5063:10\ncarol:3000:1000\n")  # 4000-4999 ends below; 5063-5072 overlaps
+    # alice ends below the range, carol too; bob overlaps its end (5063-5072)
+    subuid.write_text("alice:4000:1000\nbob:5063:10\ncarol:3000:1000\n")
     found = uids.conflicts(range(5000, 5064), passwd=str(passwd), subid_files=(str(subuid),))
     assert found == [f"{passwd}: user clash has uid 5010", f"{subuid}: bob maps 5063-5072"]
