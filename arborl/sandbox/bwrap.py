@@ -184,7 +184,6 @@ class BwrapBackend:
                 uid=lease.uid,
                 pass_fds=(payload_fd, stdin_fd, bpf_fd, go_r),
                 via_bwrap=True,
-                account_cpu=True,  # how a SIGKILL at the hard RLIMIT_CPU is told apart
             )
         except BaseException:
             for fd in (payload_fd, stdin_fd, go_w):

@@ -5,11 +5,12 @@ read-only root made only of a Python interpreter and its stdlib (no shell, no ho
 host environment), ``--cap-drop ALL``, ``no-new-privileges``, the seccomp filter of the other backends
 (:func:`arborl.sandbox.seccomp.docker_profile`: ``ptrace``, ``mount``, ``bpf``, ``keyctl``,
 ``unshare``, ``CLONE_NEWUSER``, ``ioctl(TIOCSTI)`` with the masked 32-bit compare, ``AF_INET6``
-sockets always and ``AF_INET`` unless a proxy is configured, ...; blocked calls fail with
-``EPERM``) in place of Docker's default profile, a uid/gid of its own per container (leased from
-:mod:`arborl.sandbox.uids`, so no other sandbox on the host shares it), a cgroup memory limit (swap off), a pids limit, ``--ipc none`` (so no
-``/dev/shm``) and one writable place: a size-capped ``noexec`` tmpfs at ``/scratch``. The
-container's own pid namespace means everything the snippet starts can be found and killed.
+sockets always and ``AF_INET`` unless a proxy is configured, io_uring, ...; blocked calls fail
+with ``EPERM``) in place of Docker's default profile, a uid/gid of its own per container (leased
+from :mod:`arborl.sandbox.uids`, so no other sandbox on the host shares it), a cgroup memory
+limit (swap off), a pids limit, ``--ipc none`` (so no ``/dev/shm``) and one writable place: a
+size-capped ``noexec`` tmpfs at ``/scratch``. The container's own pid namespace means everything
+the snippet starts can be found and killed.
 
 Per run. A small runner (``RUNNER`` in ``_docker_image.py``, run as the container's uid via ``docker
 exec``) kills every leftover process of the sandbox user, empties ``/scratch``, writes the
@@ -270,7 +271,10 @@ class DockerBackend:
                 name = self._idle.get(timeout=2.0)
             except queue.Empty:
                 name = self._start_container()  # pool drained by concurrent callers
-            uid = self._uids[name].uid
+            lease = self._uids.get(name)
+            if lease is None:  # close() released it meanwhile
+                raise SandboxError("DockerBackend is closed; create a new one")
+            uid = lease.uid
             cmd = self._cli("exec", "-i", "-u", f"{uid}:{uid}", "-w", "/scratch", name)
             out, err, rc, killed = self._drive(cmd, payload)
             res = self._parse(out, err, rc, killed)

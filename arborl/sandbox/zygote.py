@@ -6,8 +6,10 @@ mount namespace (the same read-only system binds as the ``bwrap`` backend, nothi
 host), an empty network namespace created **once per worker** and reused (creating one per
 request is slow and globally serialised), and its own pid/ipc/uts namespaces. For every request it
 forks a child into fresh pid/mount/ipc/uts namespaces that drops to a uid of its own (from a
-few leased per worker, :mod:`arborl.sandbox.uids`) before the snippet runs; two such children are forked and fully jailed *ahead* of their requests (they hold nothing
-of any request until one is handed to them), so a request only pays for handing over its fds.
+few leased per worker, :mod:`arborl.sandbox.uids`) and makes itself non-dumpable before the
+snippet runs; two such children are forked and fully jailed *ahead* of their requests (they hold
+nothing of any request until one is handed to them), so a request only pays for handing over its
+fds.
 Concurrent calls use different workers (up to ``max_workers``), so they never share a
 network namespace.
 

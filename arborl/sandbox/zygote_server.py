@@ -186,6 +186,12 @@ class Server:
         slot = self.ready.pop(pid)
         report = self.wait(pid, start)
         report["memory_exceeded"] = self.oom_killed(slot[1])
+        # The runner is pid 1 of its namespace: nothing inside can SIGKILL it, and nothing outside
+        # but root (no other sandbox has its uid). A SIGKILL the zygote did not send at the wall
+        # deadline is the kernel's: the OOM killer, or the CPU limit (soft == hard, so SIGKILL).
+        # Its rusage cannot tell: it read as low as 0.84 s for a 1 s RLIMIT_CPU kill.
+        if report["exit_code"] == -signal.SIGKILL and not report["memory_exceeded"]:
+            report["timed_out"] = True
         send_msg(self.sock, report)
         # Tearing the request down (dropping the last reference to its mount/ipc namespaces
         # unmounts its tmpfs, an RCU wait, then its cgroups go) is background work, like forking
@@ -293,10 +299,6 @@ class Server:
         code = os.waitstatus_to_exitcode(status)
         cpu = usage.ru_utime + usage.ru_stime
         report.update(exit_code=code, cpu_s=cpu)
-        # pid 1 ignores SIGXCPU, so the CPU limit shows up as the hard limit's SIGKILL.
-        # rusage is tick-accurate, so allow a little under the limit.
-        if code in (-signal.SIGXCPU, -signal.SIGKILL) and cpu >= 0.9 * int(self.cfg["cpu_s"] + 0.999):
-            report["timed_out"] = True
         return report
 
     def runner(self, chan: socket.socket, dirs: list[str], uid: int) -> None:

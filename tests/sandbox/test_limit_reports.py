@@ -45,3 +45,14 @@ def test_cpu_limit_reads_as_timed_out_when_sigxcpu_is_ignored(backend_name: str)
         res = sb.run_python(code)
     assert not res.ok and res.timed_out, res
     assert res.duration_s < limits.wall_s, res  # the CPU limit ended it, not the wall deadline
+
+
+def test_a_snippet_killing_itself_early_is_no_limit_hit(sandbox: Sandbox) -> None:
+    # A SIGKILL far from the CPU limit is the snippet's own doing (where it can kill itself at all:
+    # the zygote's runner is pid 1 of its namespace and ignores it).
+    res = sandbox.run_python("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\nprint('survived')")
+    assert not res.timed_out and not res.memory_exceeded, res
+    if res.exit_code == 1:  # no os.kill at all (wasm)
+        assert "has no attribute 'kill'" in res.stderr, res
+    else:
+        assert res.exit_code == -9 or (res.exit_code, res.stdout) == (0, "survived\n"), res
