@@ -88,6 +88,29 @@ while time.monotonic() < end:
     time.sleep(0.01)
 print(len(planted))
 """
+# Open whatever /proc offers of every other process: stdin, cwd, root, environment.
+SNOOP = """
+import os, time
+end = time.monotonic() + {seconds}
+opened, found = set(), False
+while time.monotonic() < end:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        for what in ("fd/0", "environ", "cwd", "root"):
+            path = f"/proc/{{pid}}/{{what}}"
+            try:
+                if what in ("cwd", "root"):
+                    os.listdir(path)
+                else:
+                    with open(path, "rb") as fh:
+                        found = found or {secret!r}.encode() in fh.read(1 << 16)
+                opened.add(f"{{pid}}/{{what}}")
+            except OSError:
+                pass
+    time.sleep(0.01)
+print(found, sorted(opened)[:20])
+"""
 VICTIM_IMPORT = "import json, os\nnames = os.listdir('.')\nprint(json.dumps(1), 'json.py' in names, 'planted.py' in names)"
 
 
@@ -100,9 +123,9 @@ def attacker() -> Iterator[Sandbox]:
     sb.close()
 
 
-def _in_background(sb: Sandbox, code: str) -> tuple[threading.Thread, list[ExecResult]]:
+def _in_background(sb: Sandbox, code: str, stdin: str = "") -> tuple[threading.Thread, list[ExecResult]]:
     out: list[ExecResult] = []
-    t = threading.Thread(target=lambda: out.append(sb.run_python(code)))
+    t = threading.Thread(target=lambda: out.append(sb.run_python(code, stdin=stdin)))
     t.start()
     return t, out
 
@@ -155,3 +178,15 @@ def test_module_planted_by_another_run_never_reaches_a_later_run(sandbox: Sandbo
     attack.join()
     assert planted[0].exit_code == 0, planted[0]
     assert outs == ["1 False False\n"] * 4, (outs, planted[0].stdout)
+
+
+def test_a_host_pid_namespace_run_opens_nothing_of_other_runs(sandbox: Sandbox, attacker: Sandbox) -> None:
+    secret = "arborl-stdin-secret-" + secrets.token_hex(8)
+    victim, out = _in_background(
+        sandbox, "import sys, time\ntime.sleep(2.0)\nprint(len(sys.stdin.read()))", secret
+    )
+    time.sleep(0.3)  # the victim runs, its stdin unread
+    snoop = attacker.run_python(SNOOP.format(seconds=1.5, secret=secret))
+    victim.join()
+    assert out[0].ok and out[0].stdout == f"{len(secret)}\n", out[0]
+    assert snoop.exit_code == 0 and snoop.stdout == "False []\n", snoop
