@@ -180,6 +180,8 @@ while True:
 # its size is not bound by argv limits; it runs in __main__ so pickling and threads behave.
 BOOT = """
 def _boot():
+    import ctypes
+    ctypes.CDLL(None).prctl(4, 0)  # PR_SET_DUMPABLE 0: exec made this interpreter dumpable again
     import linecache, os, sys, traceback
     import builtins, _sitebuiltins  # what site (skipped: -S) would add for interactive use
     builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")
@@ -204,7 +206,7 @@ def _boot():
 _boot()
 """
 
-# The per-run runner (uid 65534, inside the container). Protocol: stdin = 8-byte header length,
+# The per-run runner (the container's uid, inside the container). Protocol: stdin = 8-byte header length,
 # JSON header, the files' bytes back to back, then the snippet's stdin. stdout = frames of
 # 1-byte kind ("o"ut, "e"rr, "x" = final JSON status) + 4-byte length + data.
 # It makes itself undumpable before any snippet exists: the snippet shares its uid, so without
@@ -368,8 +370,10 @@ while sel.get_map():
         if keep:
             frame(key.data, keep)
 rc = p.wait()
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # the snippet's (its only child): CPU limit
 oom = oom_kills() - oom0 if oom0 >= 0 else 0
 left = clean(1 if req.get("relay") else 0)
-frame(b"x", json.dumps({"rc": rc, "trunc": trunc, "wall": wall, "oom": oom, "dirty": left}).encode())
+frame(b"x", json.dumps({"rc": rc, "trunc": trunc, "wall": wall, "cpu": usage.ru_utime + usage.ru_stime,
+                        "oom": oom, "dirty": left}).encode())
 """
 RUNNER = _RUNNER_HEAD + (Path(__file__).parent / "scratch.py").read_text() + _RUNNER_BODY

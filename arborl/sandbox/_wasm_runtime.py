@@ -189,7 +189,6 @@ def compiled_module(wasm_path: str) -> str:
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE, _MNT_DETACH = 2, 4, 8, 0x4000, 0x40000, 2
 _CLONE_NEWNS = 0x20000
 _PR_SET_NO_NEW_PRIVS = 38
-NOBODY = 65534
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -240,13 +239,14 @@ def send_request(sock: socket.socket, req: dict, fds: list[int]) -> None:
 
 
 def worker(argv: list[str]) -> None:
-    """Worker main: ``worker([socket_fd, cwasm, memory_mb, disk_mb, writable, base_dir])``.
+    """Worker main: ``worker([socket_fd, cwasm, memory_mb, disk_mb, writable, base_dir, uid])``.
 
     Runs requests until EOF. Every run gets a new ``Store`` and instance, so nothing of one run's
     wasm state reaches the next; the process is only replaced when the backend kills it at a wall
     deadline. With ``writable`` (root only), the worker first makes its own mount namespace with a
     ``disk_mb`` tmpfs for the scratch (invisible to the host, gone with the worker), then drops
-    to uid/gid 65534 for good: a wasmtime escape lands as ``nobody``, not as root.
+    to ``uid`` (gid = uid; a sandbox uid leased for this worker) for good: a wasmtime escape
+    lands as that uid, not as root, and no other sandbox runs as it.
     """
     import wasmtime
 
@@ -256,7 +256,7 @@ def worker(argv: list[str]) -> None:
     module = wasmtime.Module.deserialize_file(engine, argv[1])  # before the drop: root-only cache
     linker = wasmtime.Linker(engine)
     linker.define_wasi()
-    home = _isolate(base, disk_mb) if writable else tempfile.mkdtemp(prefix="w-", dir=base)
+    home = _isolate(base, disk_mb, int(argv[6])) if writable else tempfile.mkdtemp(prefix="w-", dir=base)
     threading.Thread(target=_tick, args=(engine, os.getppid(), home), daemon=True).start()
     devnull = os.open(os.devnull, os.O_WRONLY)
     sock.sendall(b'{"ready": true}\n')
@@ -280,17 +280,17 @@ def worker(argv: list[str]) -> None:
         sock.sendall(json.dumps(status).encode() + b"\n")
 
 
-def _isolate(base: str, disk_mb: int) -> str:
-    """Own mount namespace, a ``disk_mb`` tmpfs at ``<home>/scratch``, then uid/gid 65534 for good."""
+def _isolate(base: str, disk_mb: int, uid: int) -> str:
+    """Own mount namespace, a ``disk_mb`` tmpfs at ``<home>/scratch``, then ``uid`` for good."""
     home = tempfile.mkdtemp(prefix="w-", dir=base)
     os.mkdir(os.path.join(home, "scratch"), 0o700)
     if _libc.unshare(_CLONE_NEWNS) != 0 or _libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
         raise SandboxError(f"cannot create a private mount namespace: {os.strerror(ctypes.get_errno())}")
-    mount_tmpfs(os.path.join(home, "scratch"), disk_mb, owner=NOBODY)
-    os.chown(home, NOBODY, NOBODY)
+    mount_tmpfs(os.path.join(home, "scratch"), disk_mb, owner=uid)
+    os.chown(home, uid, uid)
     os.setgroups([])
-    os.setresgid(NOBODY, NOBODY, NOBODY)
-    os.setresuid(NOBODY, NOBODY, NOBODY)  # from root to non-root: every capability is dropped too
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)  # from root to non-root: every capability is dropped too
     _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     return home
 

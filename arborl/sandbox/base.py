@@ -55,7 +55,9 @@ class ExecResult:
         exit_code: Process exit code (negative signal number if killed by a signal).
         stdout: Captured standard output (decoded UTF-8, errors replaced), capped.
         stderr: Captured standard error, capped.
-        timed_out: Killed at the wall or CPU deadline.
+        timed_out: Killed at the wall or CPU deadline. The CPU limit counts whichever way it
+            ended the run: SIGXCPU at the soft limit, or SIGKILL at the hard limit when the
+            snippet ignored or blocked SIGXCPU (``exit_code`` is then ``-9``).
         memory_exceeded: Killed or failed at the memory limit.
         output_truncated: stdout or stderr exceeded ``Limits.output_bytes``.
         duration_s: Wall time of the call as seen by the caller.
@@ -84,7 +86,10 @@ class Backend(Protocol):
     declare ``guarantees: ClassVar[frozenset[str]]``, the properties the threat suite
     (``tests/sandbox``) holds it to: ``env``, ``host_files``, ``network``, ``pids``, ``memory``,
     ``disk``, ``cpu``, ``orphans``, ``privileges``, ``cross_run``. Without the attribute it is
-    held to all of them.
+    held to all of them. Every backend is held, whatever it declares, to the probes of
+    ``tests/sandbox/test_other_runs.py``: no other run can signal its processes, open its
+    ``/proc/PID/root`` or plant files in its scratch (a uid of its own per sandbox,
+    :mod:`arborl.sandbox.uids`).
     """
 
     name: ClassVar[str]

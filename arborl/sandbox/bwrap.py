@@ -1,14 +1,15 @@
-"""The default backend: one bubblewrap sandbox per run, as uid 65534, with seccomp and cgroups.
+"""The default backend: one bubblewrap sandbox per run, as a uid of its own, with seccomp and cgroups.
 
-Each call gets its own ``bwrap``, started as user ``nobody`` (so its user namespace maps to an
-unprivileged host uid) with ``--unshare-all --unshare-user --disable-userns --new-session
+Each call gets its own ``bwrap``, started as a host uid leased for this one sandbox
+(:mod:`arborl.sandbox.uids`; its user namespace maps that uid to 65534 inside, so the snippet
+still sees ``nobody``) with ``--unshare-all --unshare-user --disable-userns --new-session
 --die-with-parent --clearenv``, running Debian's ``/usr/bin/python3 -I -S`` on
 :mod:`arborl.sandbox.launcher`; everything is torn down before the call returns.
 
 A few sandboxes (``spares``, default 2) are started *before* their request: bwrap has built the
 namespaces, mounts and seccomp filter, the process is in its own fresh cgroup as uid 65534, and
-the interpreter waits on a pipe. A call takes one, writes its request into the sandbox's memfd,
-and a replacement starts in the background. Each sandbox still serves exactly one run, so the
+the interpreter waits on a pipe. A call takes one, writes its request and stdin into the
+sandbox's two memfds, and a replacement starts in the background. Each sandbox still serves exactly one run, so the
 isolation is that of a sandbox started on demand; only the start-up (25-60 ms of a cold run on
 the loaded reference VM) leaves the caller's path. The interpreter's start-up CPU time (a few
 ms) counts against RLIMIT_CPU, and an idle spare holds ~12 MB of memory.
@@ -28,6 +29,9 @@ What it isolates:
   ``127.0.0.1:3128`` forwards to it (``HTTP(S)_PROXY`` are set).
 - **Processes:** new pid/ipc/uts/cgroup namespaces; bwrap's pid 1 takes every descendant with it;
   a per-run memory + pids cgroup (v1 or v2) is killed and removed after each call.
+- **Other runs:** every sandbox (a spare too) has a host uid no other sandbox holds meanwhile,
+  and its interpreter is non-dumpable, so no other run (of any backend) can signal its
+  processes or open its ``/proc/PID/root``, and its user namespace is owned by its own uid.
 - **Privileges:** no capabilities, ``no_new_privs``, nested user namespaces refused, and the
   seccomp filter of :mod:`arborl.sandbox.seccomp`. ``--new-session`` blocks TIOCSTI injection.
 - **CPU / output:** RLIMIT_CPU, a wall deadline, and capped reads of stdout/stderr.
@@ -54,7 +58,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from arborl.sandbox import cgroup as cgroups
-from arborl.sandbox import common, seccomp
+from arborl.sandbox import common, seccomp, uids
 from arborl.sandbox.base import ExecResult, Limits, SandboxError
 
 BWRAP = "/usr/bin/bwrap"
@@ -147,6 +151,8 @@ class BwrapBackend:
         args = [
             BWRAP, "--unshare-all", "--unshare-user", "--disable-userns", "--new-session",
             "--die-with-parent", "--clearenv", "--hostname", "sandbox",
+            # The host uid is the sandbox's own (leased); inside, the snippet is 65534 as always.
+            "--uid", "65534", "--gid", "65534",
             *_system_binds(),
             "--proc", "/proc", "--dev", "/dev",
             "--size", size, "--tmpfs", "/tmp",
@@ -163,27 +169,31 @@ class BwrapBackend:
 
     def _start_sandbox(self) -> _Spare:
         """Start one sandbox whose interpreter waits for its request (see :class:`_Spare`)."""
+        lease = uids.lease()
         payload_fd = os.memfd_create("arborl-request")
+        stdin_fd = os.memfd_create("arborl-stdin")
         go_r, go_w = os.pipe()
         bpf_fd = seccomp.bpf_fd(self._bpf)
         try:
             argv = [*self._argv_head, "--seccomp", str(bpf_fd), "--", common.SYSTEM_PYTHON, "-I", "-S", "-B",
-                    "-c", common.launcher_source(), str(payload_fd), str(go_r)]  # fmt: skip
+                    "-c", common.launcher_source(), str(payload_fd), str(stdin_fd), str(go_r)]  # fmt: skip
             proc, cg = common.spawn(
                 argv,
                 limits=self.limits,
                 backend=self.name,
-                pass_fds=(payload_fd, bpf_fd, go_r),
+                uid=lease.uid,
+                pass_fds=(payload_fd, stdin_fd, bpf_fd, go_r),
                 via_bwrap=True,
             )
         except BaseException:
-            os.close(payload_fd)
-            os.close(go_w)
+            for fd in (payload_fd, stdin_fd, go_w):
+                os.close(fd)
+            lease.release()
             raise
         finally:
             os.close(go_r)
             os.close(bpf_fd)
-        return _Spare(proc, cg, payload_fd, go_w)
+        return _Spare(proc, cg, lease, payload_fd, stdin_fd, go_w)
 
     def _take(self) -> _Spare:
         """A started sandbox: a spare if one is (being) started, else a new one; refill the spares."""
@@ -211,32 +221,29 @@ class BwrapBackend:
         Returns:
             The run's result; limits hit are fields of it, never exceptions.
         """
-        request = common.make_request(
-            code, stdin, files, common.PROXY_SOCKET_IN_SANDBOX if self.proxy_socket else None
-        )
+        request = common.make_request(code, files, common.PROXY_SOCKET_IN_SANDBOX if self.proxy_socket else None)
+        data = common.stdin_bytes(stdin)
         sandbox = self._take()
         start = time.monotonic()
         try:
-            if sandbox.proc.poll() is not None or not sandbox.hand_over(request):
+            if sandbox.proc.poll() is not None or not sandbox.hand_over(request, data):
                 sandbox.discard()  # it died before its request (killed from outside): use a new one
-                os.close(sandbox.payload_fd)
                 sandbox = self._start_sandbox()
-                if not sandbox.hand_over(request):
+                if not sandbox.hand_over(request, data):
                     reason = sandbox.stderr_tail()
                     sandbox.discard()
                     raise SandboxError(f"bwrap: the sandbox died before its run: {reason}")
             return common.supervise(sandbox.proc, sandbox.cg, self.limits, self.name, start, via_bwrap=True)
         finally:
-            os.close(sandbox.payload_fd)
-            if sandbox.cg is not None:
-                # supervise() already killed everything in it; the rmdir need not delay the caller.
-                self._cleanup(sandbox.cg)
+            sandbox.close_memfds()
+            # supervise() already killed everything in it; the rmdir need not delay the caller.
+            self._cleanup(sandbox)
 
-    def _cleanup(self, cg: cgroups.RunCgroup) -> None:
+    def _cleanup(self, sandbox: _Spare) -> None:
         try:
-            self._spawner.submit(cg.remove)
+            self._spawner.submit(sandbox.release)
         except RuntimeError:  # executor shut down (backend closed meanwhile)
-            cg.remove()
+            sandbox.release()
 
     def close(self) -> None:
         """Stop the spare sandboxes (they never ran anything) and remove their cgroups."""
@@ -245,9 +252,7 @@ class BwrapBackend:
             pending, self._spares = list(self._spares), collections.deque()
         for fut in pending:
             with contextlib.suppress(SandboxError):
-                spare = fut.result()
-                spare.discard()
-                os.close(spare.payload_fd)
+                fut.result().discard()
         self._spawner.shutdown(wait=True)
 
 
@@ -257,19 +262,22 @@ class _Spare:
 
     Everything of a one-shot run except the snippet is done already: bwrap has made the
     namespaces, mounts and seccomp filter, the process joined its own fresh cgroup and dropped to
-    uid 65534, and the interpreter has started; the launcher blocks reading ``go_fd``. The spare
-    is used for exactly one request, then torn down like any one-shot run.
+    its own leased uid, and the interpreter has started; the launcher blocks reading ``go_fd``.
+    The spare is used for exactly one request, then torn down like any one-shot run.
     """
 
     proc: subprocess.Popen[bytes]
     cg: cgroups.RunCgroup | None
+    lease: uids.UidLease
     payload_fd: int
+    stdin_fd: int
     go_fd: int
 
-    def hand_over(self, request: bytes) -> bool:
-        """Put ``request`` in the payload memfd and wake the launcher; ``False`` if it is gone."""
+    def hand_over(self, request: bytes, stdin: bytes) -> bool:
+        """Put ``request`` and ``stdin`` in their memfds and wake the launcher; ``False`` if it is gone."""
         try:
-            os.pwrite(self.payload_fd, request, 0)
+            common.fill_memfd(self.payload_fd, request)
+            common.fill_memfd(self.stdin_fd, stdin)  # written here: RLIMIT_FSIZE binds the sandbox only
             os.write(self.go_fd, b"G")
         except BrokenPipeError:
             return False
@@ -294,11 +302,22 @@ class _Spare:
             return self.proc.stderr.read(4096).decode(errors="replace").strip() or "(no output)"
         return "(unreadable)"
 
-    def discard(self) -> None:
-        """Stop an unused spare: EOF on ``go_fd`` makes its launcher exit; then reap and clean up.
+    def close_memfds(self) -> None:
+        """Close the request and stdin memfds (once: their numbers may be reused afterwards)."""
+        for fd in (self.payload_fd, self.stdin_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.payload_fd = self.stdin_fd = -1
 
-        ``payload_fd`` stays open: the caller that holds the spare closes it.
-        """
+    def release(self) -> None:
+        """After the run: remove its cgroup (killing what is left), then give its uid back."""
+        if self.cg is not None:
+            self.cg.remove()
+        # Without a cgroup only the pid namespace bounds the run: make sure of its uid too.
+        self.lease.release(kill=self.cg is None)
+
+    def discard(self) -> None:
+        """Stop an unused spare: EOF on ``go_fd`` makes its launcher exit; then reap and clean up."""
         self._close_go()
         try:
             self.proc.wait(timeout=2.0)
@@ -309,5 +328,5 @@ class _Spare:
         for stream in (self.proc.stdout, self.proc.stderr):
             if stream is not None:
                 stream.close()
-        if self.cg is not None:
-            self.cg.remove()
+        self.close_memfds()
+        self.release()

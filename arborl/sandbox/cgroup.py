@@ -16,6 +16,11 @@ Layouts handled:
 
 When neither works (not root, no controllers), :func:`detect` returns ``None`` and backends fall
 back to rlimits. What it does not limit: CPU time (rlimits do that) and disk (tmpfs size does).
+
+CPU time is *accounted* on request (``create(account_cpu=True)``): v2 has ``cpu.stat`` in every
+group; on v1 the run also joins a group of the ``cpuacct`` hierarchy when there is one. It tells
+a run killed by its hard RLIMIT_CPU (a plain SIGKILL) from other kills where the backend cannot
+wait for the snippet's process itself (bwrap's monitor exits without reaping its pid 1).
 """
 
 from __future__ import annotations
@@ -56,14 +61,35 @@ def _read(path: str) -> str:
 
 @dataclass
 class RunCgroup:
-    """The cgroup directories of one run (one per v1 controller, or one v2 directory)."""
+    """The cgroup directories of one run (one per v1 controller, or one v2 directory).
+
+    ``cpu_dir`` is the run's v1 ``cpuacct`` group, when CPU time is accounted there.
+    """
 
     dirs: list[str]
     version: int
+    cpu_dir: str | None = None
+
+    def _all_dirs(self) -> list[str]:
+        return [*self.dirs, self.cpu_dir] if self.cpu_dir else list(self.dirs)
 
     def procs_paths(self) -> list[str]:
         """The ``cgroup.procs`` files the child must join."""
-        return [os.path.join(d, "cgroup.procs") for d in self.dirs]
+        return [os.path.join(d, "cgroup.procs") for d in self._all_dirs()]
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time used by the group's processes so far; ``None`` where it is not accounted."""
+        try:
+            if self.version == 2:
+                for line in _read(os.path.join(self.dirs[0], "cpu.stat")).splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "usage_usec":
+                        return int(value) / 1e6
+            elif self.cpu_dir is not None:
+                return int(_read(os.path.join(self.cpu_dir, "cpuacct.usage"))) / 1e9
+        except (OSError, ValueError):
+            pass
+        return None
 
     def oom_killed(self) -> bool:
         """Whether the kernel OOM-killed a process of this run."""
@@ -106,7 +132,7 @@ class RunCgroup:
     def remove(self) -> None:
         """Kill what is left and delete the directories (best effort, bounded)."""
         self.kill_all()
-        for d in self.dirs:
+        for d in self._all_dirs():
             for _ in range(50):
                 try:
                     os.rmdir(d)
@@ -123,21 +149,29 @@ class CgroupFactory:
 
     bases: tuple[str, ...]
     version: int
+    cpu_base: str | None = None  # v1: the cpuacct hierarchy's base, when there is one
 
-    def create(self, *, memory_mb: int, pids: int) -> RunCgroup:
+    def create(self, *, memory_mb: int, pids: int, account_cpu: bool = False) -> RunCgroup:
         """Make a fresh group with the given limits.
 
         Args:
             memory_mb: Memory limit (RAM; swap is limited to the same total where configurable).
             pids: Maximum number of tasks (processes and threads).
+            account_cpu: Also account the group's CPU time (:meth:`RunCgroup.cpu_seconds`); on
+                v1 that is one more group (and one more ``cgroup.procs`` write) per run.
         """
         with _lock:
             name = f"run-{os.getpid()}-{next(_counter)}"
         dirs = [os.path.join(base, name) for base in self.bases]
-        for d in dirs:
-            os.mkdir(d)
-        cg = RunCgroup(dirs=dirs, version=self.version)
+        cpu_dir = os.path.join(self.cpu_base, name) if account_cpu and self.cpu_base else None
+        cg = RunCgroup(dirs=[], version=self.version)
         try:
+            for d in dirs:
+                os.mkdir(d)
+                cg.dirs.append(d)
+            if cpu_dir is not None:
+                os.mkdir(cpu_dir)
+                cg.cpu_dir = cpu_dir
             self._limit(cg, memory_mb << 20, pids)
         except OSError:
             cg.remove()
@@ -188,7 +222,9 @@ def _detect() -> CgroupFactory | None:
     if "memory" in own and "pids" in own:
         bases = tuple(os.path.join(_ROOT, c, own[c].lstrip("/"), "arborl") for c in ("memory", "pids"))
         if all(os.path.isdir(os.path.dirname(b)) for b in bases) and all(_try_base(b) for b in bases):
-            return CgroupFactory(bases=bases, version=1)
+            cpu = os.path.join(_ROOT, "cpuacct", own.get("cpuacct", "/").lstrip("/"), "arborl")
+            usable = "cpuacct" in own and os.path.isdir(os.path.dirname(cpu)) and _try_base(cpu)
+            return CgroupFactory(bases=bases, version=1, cpu_base=cpu if usable else None)
     if "" in own:
         unified = os.path.join(_ROOT, own[""].lstrip("/"))
         try:

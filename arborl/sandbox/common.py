@@ -1,11 +1,14 @@
 """Pieces shared by the one-shot backends (``bwrap``, ``process``): spawn, limit, collect, report.
 
 :func:`run_once` is the whole life of one run: :func:`spawn` creates the run's cgroup and starts
-the child with a ``preexec_fn`` that joins the cgroup, sets rlimits and drops to ``nobody`` (in
-that order: the first two need root); :func:`supervise` collects output under the deadline, then
-kills every descendant (process group + cgroup) and turns what happened into an
-:class:`ExecResult`. The bwrap backend calls the two halves separately, so that it can start a
-sandbox before the request for it arrives.
+the child with a ``preexec_fn`` that joins the cgroup, sets rlimits and drops to the run's own
+uid (leased from :mod:`arborl.sandbox.uids`; in that order: the first two need root);
+:func:`supervise` collects output under the deadline, then kills every descendant (process group
++ cgroup) and turns what happened into an :class:`ExecResult`. The bwrap backend calls the two
+halves separately, so that it can start a sandbox before the request for it arrives.
+
+The snippet's stdin is served from a memfd that the parent fills (:func:`fill_memfd`), never
+written inside the sandbox: RLIMIT_FSIZE (``disk_mb``) would cut it there.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import marshal
 import math
 import os
 import resource
+import select
 import signal
 import subprocess
 import time
@@ -23,12 +27,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from arborl.sandbox import cgroup as cgroups
+from arborl.sandbox import uids
 from arborl.sandbox.base import ExecResult, Limits, SandboxError
 from arborl.sandbox.output import collect
 
 SYSTEM_PYTHON = "/usr/bin/python3"
-NOBODY_UID = 65534
-NOBODY_GID = 65534
 # Where the proxy's unix socket appears inside the sandbox.
 PROXY_SOCKET_IN_SANDBOX = "/run/arborl/proxy.sock"
 # Tasks bwrap itself keeps in the run's pids cgroup (its monitor and its pid-1 reaper), so that
@@ -71,7 +74,8 @@ def check_proxy_socket(path: str | None) -> str | None:
         raise SandboxError(f"proxy_socket {path!r} does not exist; start the arborl proxy first")
     if not os.stat(real).st_mode & 0o002:
         raise SandboxError(
-            f"proxy_socket {path!r} is not connectable by the sandbox user (uid {NOBODY_UID}); "
+            f"proxy_socket {path!r} is not connectable by the sandbox users (uids of "
+            f"{uids.UID_RANGE.start}-{uids.UID_RANGE.stop - 1}); "
             f"make it world-writable: chmod 0666 {path}"
         )
     return real
@@ -95,12 +99,13 @@ def validate_files(files: dict[str, bytes] | None) -> dict[str, bytes]:
     return clean
 
 
-def make_request(code: str, stdin: str | bytes, files: dict[str, bytes] | None, proxy: str | None) -> bytes:
+def make_request(code: str, files: dict[str, bytes] | None, proxy: str | None) -> bytes:
     """Encode one request for :mod:`arborl.sandbox.launcher` (``marshal``: no import in the sandbox).
+
+    stdin is not part of it: it travels in a memfd of its own (:func:`stdin_bytes`, :func:`fill_memfd`).
 
     Args:
         code: The snippet.
-        stdin: Its standard input.
         files: Files for the scratch directory.
         proxy: Path of the proxy socket *as seen inside the sandbox*, or ``None``.
     """
@@ -109,7 +114,6 @@ def make_request(code: str, stdin: str | bytes, files: dict[str, bytes] | None, 
     return marshal.dumps(
         {
             "code": code,
-            "stdin": stdin.encode() if isinstance(stdin, str) else bytes(stdin),
             "files": validate_files(files),
             "relay_src": relay_source() if proxy else None,
             "proxy_socket": proxy,
@@ -118,12 +122,40 @@ def make_request(code: str, stdin: str | bytes, files: dict[str, bytes] | None, 
     )
 
 
+def stdin_bytes(stdin: str | bytes) -> bytes:
+    """The bytes of a run's stdin (``str`` is encoded as UTF-8)."""
+    if isinstance(stdin, str):
+        return stdin.encode()
+    if isinstance(stdin, bytes | bytearray | memoryview):
+        return bytes(stdin)
+    raise TypeError(f"stdin must be str or bytes, got {type(stdin).__name__}")
+
+
+def fill_memfd(fd: int, data: bytes) -> None:
+    """Write all of ``data`` at offset 0 of ``fd`` (``pwrite``: the fd's offset stays 0 for the reader)."""
+    view = memoryview(data)
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], done)
+
+
+def new_memfd(name: str, data: bytes = b"") -> int:
+    """A fresh memfd holding ``data``, read from offset 0; the caller closes it."""
+    fd = os.memfd_create(name)
+    try:
+        fill_memfd(fd, data)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def rlimits(limits: Limits, *, cgroup: bool) -> list[tuple[int, tuple[int, int]]]:
     """The rlimits of a run; memory and process count only when no cgroup enforces them.
 
     RLIMIT_AS is a fallback only: it limits address space, not memory, and breaks runtimes that
-    reserve large mappings. RLIMIT_NPROC counts every process of uid 65534 on the host, so
-    concurrent runs share it; again only a fallback.
+    reserve large mappings. RLIMIT_NPROC counts every process of the run's uid on the host (one
+    uid per sandbox, so it is per run); again only a fallback.
     """
     cpu = math.ceil(limits.cpu_s)
     out = [
@@ -141,10 +173,13 @@ def rlimits(limits: Limits, *, cgroup: bool) -> list[tuple[int, tuple[int, int]]
 def make_preexec(
     procs_paths: list[str],
     limits: list[tuple[int, tuple[int, int]]],
+    uid: int,
     before_drop: Callable[[], None] | None = None,
     after_drop: Callable[[], None] | None = None,
 ) -> Callable[[], None]:
-    """Build the child-side setup: join cgroups, set rlimits, (hook), drop to nobody, (hook).
+    """Build the child-side setup: join cgroups, set rlimits, (hook), drop to ``uid``, (hook).
+
+    The gid is the uid, and no supplementary groups are kept.
 
     Only plain syscalls run in it (no locks, no imports), which keeps ``preexec_fn`` safe enough
     in a threaded parent.
@@ -160,8 +195,8 @@ def make_preexec(
         if before_drop is not None:
             before_drop()
         os.setgroups([])
-        os.setresgid(NOBODY_GID, NOBODY_GID, NOBODY_GID)
-        os.setresuid(NOBODY_UID, NOBODY_UID, NOBODY_UID)
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
         if after_drop is not None:
             after_drop()
 
@@ -194,13 +229,17 @@ def spawn(
     *,
     limits: Limits,
     backend: str,
+    uid: int,
     pass_fds: tuple[int, ...] = (),
     before_drop: Callable[[], None] | None = None,
     after_drop: Callable[[], None] | None = None,
     env: dict[str, str] | None = None,
     via_bwrap: bool = False,
 ) -> tuple[subprocess.Popen[bytes], cgroups.RunCgroup | None]:
-    """Create the run's cgroup and start ``argv`` in it as nobody (see :func:`run_once`).
+    """Create the run's cgroup and start ``argv`` in it as ``uid`` (see :func:`run_once`).
+
+    The cgroup also accounts CPU time, for :func:`cpu_limit_hit`: bwrap's rusage misses the
+    snippet's (its monitor does not reap its pid 1).
 
     Returns:
         The started process (stdout/stderr are pipes) and its cgroup (``None`` without cgroups);
@@ -208,10 +247,18 @@ def spawn(
     """
     factory = cgroups.detect()
     overhead = BWRAP_PIDS_OVERHEAD if via_bwrap else 0
-    cg = factory.create(memory_mb=limits.memory_mb, pids=limits.pids + overhead) if factory else None
+    cg = (
+        factory.create(memory_mb=limits.memory_mb, pids=limits.pids + overhead, account_cpu=True)
+        if factory
+        else None
+    )
     try:
         preexec = make_preexec(
-            cg.procs_paths() if cg else [], rlimits(limits, cgroup=cg is not None), before_drop, after_drop
+            cg.procs_paths() if cg else [],
+            rlimits(limits, cgroup=cg is not None),
+            uid,
+            before_drop,
+            after_drop,
         )
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -234,18 +281,20 @@ def run_once(
     *,
     limits: Limits,
     backend: str,
+    uid: int,
     pass_fds: tuple[int, ...] = (),
     before_drop: Callable[[], None] | None = None,
     after_drop: Callable[[], None] | None = None,
     env: dict[str, str] | None = None,
     via_bwrap: bool = False,
 ) -> ExecResult:
-    """Spawn ``argv`` as nobody under the run's limits and collect its result.
+    """Spawn ``argv`` as ``uid`` under the run's limits and collect its result.
 
     Args:
         argv: The command (its last argument usually a payload fd in ``pass_fds``).
         limits: Resource limits of the run.
         backend: Backend name recorded in the result.
+        uid: The run's own uid (and gid), leased by the caller for the run.
         pass_fds: Fds the child inherits; the caller still owns (and closes) them.
         before_drop: Extra root-only setup in the child, run just before dropping privileges.
         after_drop: Extra setup run as nobody just before exec (e.g. loading seccomp).
@@ -253,7 +302,7 @@ def run_once(
         via_bwrap: The child is bwrap (exit status ``128 + sig`` means killed by ``sig``).
     """
     start = time.monotonic()
-    proc, cg = spawn(argv, limits=limits, backend=backend, pass_fds=pass_fds, before_drop=before_drop,
+    proc, cg = spawn(argv, limits=limits, backend=backend, uid=uid, pass_fds=pass_fds, before_drop=before_drop,
                      after_drop=after_drop, env=env, via_bwrap=via_bwrap)  # fmt: skip
     try:
         return supervise(proc, cg, limits, backend, start, via_bwrap)
@@ -295,11 +344,14 @@ def supervise(
                       on_deadline=kill)  # fmt: skip
         if not cap.done:
             kill()
-        try:
-            returncode = proc.wait(timeout=max(0.05, start + limits.wall_s + 0.8 - time.monotonic()))
-        except subprocess.TimeoutExpired:
+        reaped = _reap(proc, pidfd, max(0.05, start + limits.wall_s + 0.8 - time.monotonic()))
+        if reaped is None:
             kill()
-            returncode = proc.wait(timeout=1.0)
+            reaped = _reap(proc, pidfd, None)
+        returncode, cpu_used = reaped
+        # The cgroup's count, where there is one (see spawn); rusage only without it.
+        cg_cpu = cg.cpu_seconds() if cg is not None else None
+        cpu_used = cpu_used if cg_cpu is None else max(cpu_used, cg_cpu)
         kill()  # descendants that escaped the session (double fork + setsid) die here too
         oom = cg.oom_killed() if cg is not None else False
     finally:
@@ -308,7 +360,7 @@ def supervise(
         proc.stderr.close()
     code = exit_status(returncode, via_bwrap=via_bwrap)
     stderr = cap.text(err_fd)
-    timed_out = cap.timed_out or code in (-signal.SIGXCPU,)
+    timed_out = cap.timed_out or cpu_limit_hit(code, cpu_used, limits)
     memory = oom or (cg is None and stderr.rstrip().endswith("MemoryError"))
     return ExecResult(
         ok=code == 0 and not (timed_out or memory),
@@ -321,3 +373,33 @@ def supervise(
         duration_s=time.monotonic() - start,
         backend=backend,
     )
+
+
+def _reap(proc: subprocess.Popen[bytes], pidfd: int, timeout: float | None) -> tuple[int, float] | None:
+    """Wait up to ``timeout`` for ``proc``; its exit code and CPU seconds (with its reaped
+    descendants'), or ``None`` if it is still running."""
+    if not select.select([pidfd], [], [], timeout)[0]:
+        return None
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage.ru_utime + usage.ru_stime
+
+
+def cpu_limit_hit(code: int | None, cpu_used: float, limits: Limits) -> bool:
+    """Whether a run ended at its CPU limit (:func:`rlimits`: SIGXCPU at the soft limit, SIGKILL
+    at the hard one a second later).
+
+    A snippet that ignores SIGXCPU ends by the hard limit's SIGKILL, which alone looks like any
+    other kill: it is the CPU limit when the run had used at least 80% of the hard limit's CPU
+    time. Not 100%: the kernel checks RLIMIT_CPU against tick-sampled user + system time, which
+    ran up to ~10% ahead of the measured runtime on the reference VM (a kill at 4 s read 3.6 s
+    by rusage, 3.8 s by cpuacct). A snippet that SIGKILLs itself that close to its limit is
+    reported as having hit it.
+
+    Args:
+        code: Exit status (negative signal number when killed).
+        cpu_used: CPU seconds the run used (its processes together).
+        limits: The run's limits.
+    """
+    hard = math.ceil(limits.cpu_s) + 1  # as in rlimits()
+    return code == -signal.SIGXCPU or (code == -signal.SIGKILL and cpu_used >= 0.8 * hard)

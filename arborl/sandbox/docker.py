@@ -5,13 +5,15 @@ read-only root made only of a Python interpreter and its stdlib (no shell, no ho
 host environment), ``--cap-drop ALL``, ``no-new-privileges``, the seccomp filter of the other backends
 (:func:`arborl.sandbox.seccomp.docker_profile`: ``ptrace``, ``mount``, ``bpf``, ``keyctl``,
 ``unshare``, ``CLONE_NEWUSER``, ``ioctl(TIOCSTI)`` with the masked 32-bit compare, ``AF_INET6``
-sockets always and ``AF_INET`` unless a proxy is configured, ...; blocked calls fail with
-``EPERM``) in place of Docker's default profile, uid/gid 65534, a cgroup memory limit (swap off), a pids limit, ``--ipc none`` (so no
-``/dev/shm``) and one writable place: a size-capped ``noexec`` tmpfs at ``/scratch``. The
-container's own pid namespace means everything the snippet starts can be found and killed.
+sockets always and ``AF_INET`` unless a proxy is configured, io_uring, ...; blocked calls fail
+with ``EPERM``) in place of Docker's default profile, a uid/gid of its own per container (leased
+from :mod:`arborl.sandbox.uids`, so no other sandbox on the host shares it), a cgroup memory
+limit (swap off), a pids limit, ``--ipc none`` (so no ``/dev/shm``) and one writable place: a
+size-capped ``noexec`` tmpfs at ``/scratch``. The container's own pid namespace means everything
+the snippet starts can be found and killed.
 
-Per run. A small runner (``RUNNER`` in ``_docker_image.py``, run as uid 65534 via ``docker
-exec``) cleans the container (below), writes the caller's files, then starts the snippet in a
+Per run. A small runner (``RUNNER`` in ``_docker_image.py``, run as the container's uid via
+``docker exec``) cleans the container (below), writes the caller's files, then starts the snippet in a
 fresh interpreter with ``RLIMIT_CPU`` and relays its stdout/stderr as framed, capped chunks.
 When the snippet exits (or hits the wall deadline) the runner kills every other process of the
 sandbox user, so a double-forked daemon cannot outlive its run nor hold the pipes open, and
@@ -71,10 +73,16 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar
 
-from arborl.sandbox import seccomp
+from arborl.sandbox import seccomp, uids
 from arborl.sandbox._docker_image import BOOT, REAPER, RUNNER, ensure_image
 from arborl.sandbox.base import ExecResult, Limits, SandboxError
-from arborl.sandbox.common import PROXY_SOCKET_IN_SANDBOX, check_proxy_socket, relay_source, validate_files
+from arborl.sandbox.common import (
+    PROXY_SOCKET_IN_SANDBOX,
+    check_proxy_socket,
+    cpu_limit_hit,
+    relay_source,
+    validate_files,
+)
 from arborl.sandbox.output import read_capped
 from arborl.sandbox.pool import IdlePool
 
@@ -154,6 +162,7 @@ class DockerBackend:
         self._owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._idle: IdlePool[str] = idle
         self._live: set[str] = set()
+        self._uids: dict[str, uids.UidLease] = {}  # container name -> the uid all its processes run as
         self._lock = threading.Lock()
         self._closed = False
         self._refill = ThreadPoolExecutor(max_workers=2, thread_name_prefix="arborl-docker-pool")
@@ -178,7 +187,7 @@ class DockerBackend:
 
     # -- containers -------------------------------------------------------------------------
 
-    def _security_args(self) -> list[str]:
+    def _security_args(self, uid: int) -> list[str]:
         lim = self.limits
         mem = lim.memory_mb + 32  # runner + reaper overhead, so the snippet gets about memory_mb
         # pids + 2: the pid-1 reaper and the runner, so the snippet and its children get ``pids``.
@@ -189,7 +198,7 @@ class DockerBackend:
             "--ipc", "none",
             "--memory", f"{mem}m", "--memory-swap", f"{mem}m", "--pids-limit", str(lim.pids + 2),
             "--cpus", "1", "--ulimit", "core=0", "--ulimit", "nofile=1024:1024",
-            "--user", "65534:65534", "--workdir", "/scratch", "--hostname", "sandbox",
+            "--user", f"{uid}:{uid}", "--workdir", "/scratch", "--hostname", "sandbox",
             "--tmpfs", f"/scratch:size={lim.disk_mb}m,mode=1777,nosuid,nodev,noexec",
             "--log-driver", "none",
             # The container's network namespace serves all its runs: closed TCP connections skip
@@ -201,11 +210,24 @@ class DockerBackend:
             args += ["-v", f"{os.path.abspath(self._proxy)}:{_PROXY_IN_CONTAINER}"]
         return args
 
-    def _start_container(self) -> str:
-        name = f"arborl-sbx-{uuid.uuid4().hex[:12]}"
+    def _lease_uid(self, name: str) -> int:
+        lease = uids.lease()
         with self._lock:
             self._live.add(name)
-        r = _docker("run", "-d", "--rm", "--name", name, *self._security_args(), self._image,
+            self._uids[name] = lease
+        return lease.uid
+
+    def _release_uid(self, name: str) -> None:
+        """Give the container's uid back once nothing of it runs any more."""
+        with self._lock:
+            lease = self._uids.pop(name, None)
+        if lease is not None:
+            lease.release()
+
+    def _start_container(self) -> str:
+        name = f"arborl-sbx-{uuid.uuid4().hex[:12]}"
+        uid = self._lease_uid(name)
+        r = _docker("run", "-d", "--rm", "--name", name, *self._security_args(uid), self._image,
                     "/usr/bin/python3", "-I", "-S", "-c", REAPER, str(self._idle_ttl_s), host=self._host)
         if r.returncode != 0:
             self._destroy(name)
@@ -218,6 +240,7 @@ class DockerBackend:
         _docker("rm", "-f", name, host=self._host)
         with self._lock:
             self._live.discard(name)
+        self._release_uid(name)
 
     def _recycle(self, name: str) -> None:
         """Destroy a container whose state is unknown and start a replacement in the background."""
@@ -240,7 +263,8 @@ class DockerBackend:
 
     def _payload(self, code: str, stdin: str, files: dict[str, bytes] | None) -> bytes:
         items = sorted(validate_files(files).items())
-        env = {"PATH": "/usr/bin:/bin", "HOME": "/scratch", "TMPDIR": "/scratch", "LANG": "C.UTF-8"}
+        # USER: the container's uid has no passwd entry (getpass.getuser() reads USER first).
+        env = {"PATH": "/usr/bin:/bin", "HOME": "/scratch", "TMPDIR": "/scratch", "LANG": "C.UTF-8", "USER": "nobody"}
         extra: dict[str, str] = {}
         if self._proxy:
             env.update({v: _PROXY_URL for v in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")})
@@ -268,7 +292,11 @@ class DockerBackend:
     def _run_warm(self, payload: bytes) -> ExecResult:
         for attempt in range(2):
             name = self._idle.get(timeout=2.0) or self._start_container()  # none idle: start one
-            cmd = self._cli("exec", "-i", "-u", "65534:65534", "-w", "/scratch", name)
+            lease = self._uids.get(name)
+            if lease is None:  # close() released it meanwhile
+                raise SandboxError("DockerBackend is closed; create a new one")
+            uid = lease.uid
+            cmd = self._cli("exec", "-i", "-u", f"{uid}:{uid}", "-w", "/scratch", name)
             out, err, rc, killed = self._drive(cmd, payload)
             res, status = self._parse(out, err, rc, killed)
             if not killed and res.error is None and not status.get("dirty"):
@@ -286,9 +314,8 @@ class DockerBackend:
 
     def _run_cold(self, payload: bytes) -> ExecResult:
         name = f"arborl-sbx-{uuid.uuid4().hex[:12]}"
-        with self._lock:
-            self._live.add(name)
-        cmd = self._cli("run", "--rm", "-i", "--init", "--name", name, *self._security_args(), self._image)
+        uid = self._lease_uid(name)
+        cmd = self._cli("run", "--rm", "-i", "--init", "--name", name, *self._security_args(uid), self._image)
         out, err, rc, killed = self._drive(cmd, payload)
         if killed:  # the container may still run: kill it (``--rm`` then removes it)
             with contextlib.suppress(RuntimeError):  # executor shut down: close() removes it
@@ -296,6 +323,7 @@ class DockerBackend:
         else:
             with self._lock:
                 self._live.discard(name)
+            self._release_uid(name)
         return self._parse(out, err, rc, killed)[0]
 
     def _cli(self, *args: str) -> list[str]:
@@ -356,7 +384,8 @@ class DockerBackend:
                               timed_out=killed, backend=self.name,
                               error=None if killed else f"docker sandbox: {why}"), status or {}
         exit_code = int(status["rc"])  # type: ignore[call-overload]
-        timed_out = bool(status["wall"]) or exit_code == -24  # SIGXCPU = RLIMIT_CPU soft limit
+        # RLIMIT_CPU: SIGXCPU at the soft limit, or SIGKILL at the hard one if SIGXCPU was ignored.
+        timed_out = bool(status["wall"]) or cpu_limit_hit(exit_code, float(status.get("cpu", 0.0)), self.limits)
         memory = bool(status["oom"]) or (exit_code == 1 and "MemoryError" in stderr[-2000:])
         return ExecResult(ok=exit_code == 0 and not timed_out and not memory, exit_code=exit_code,
                           stdout=stdout, stderr=stderr, timed_out=timed_out, memory_exceeded=memory,
@@ -374,6 +403,9 @@ class DockerBackend:
         self._finalizer()  # remove_leftovers for this owner, once
         with self._lock:
             self._live.clear()
+            leases, self._uids = list(self._uids.values()), {}
+        for lease in leases:
+            lease.release()
 
     def __enter__(self) -> DockerBackend:
         return self

@@ -3,7 +3,8 @@
 Each call spawns Debian's ``/usr/bin/python3`` whose ``preexec_fn`` (still root) joins the run's
 cgroup, sets rlimits, ``unshare``\\ s new net/mount/ipc/uts namespaces through ctypes (``os.unshare``
 only exists from Python 3.12), brings up loopback, mounts fresh size-capped tmpfs over ``/tmp``,
-``/var/tmp`` and ``/dev/shm``, drops to uid/gid 65534 and installs the seccomp filter.
+``/var/tmp`` and ``/dev/shm``, drops to a uid/gid leased for this one run
+(:mod:`arborl.sandbox.uids`) and installs the seccomp filter.
 
 What it isolates:
 
@@ -15,16 +16,21 @@ What it isolates:
   a private ``/run`` hides the host's runtime sockets (e.g. ``/run/docker.sock``).
 - **Resources:** memory + pids cgroup when the machine has one (else RLIMIT_AS / RLIMIT_NPROC),
   RLIMIT_CPU/FSIZE, the wall deadline, capped output; descendants are killed through the cgroup.
-- **Privileges:** uid 65534, no capabilities, ``no_new_privs`` and the seccomp filter (no
-  nested user namespaces, ptrace, mount, bpf, keyctl, inet sockets, TIOCSTI).
+- **Privileges:** a uid of its own, no capabilities, ``no_new_privs`` and the seccomp filter (no
+  nested user namespaces, ptrace, mount, bpf, keyctl, inet sockets, io_uring, TIOCSTI).
+- **Other sandboxes:** no other sandbox (of any backend) runs as the run's uid meanwhile, and
+  the interpreter is non-dumpable, so ``kill(-1, SIGKILL)`` reaches only the run's own
+  processes and ``/proc/PID/root`` of other runs is refused: it cannot kill them, read their
+  inputs or plant files in their scratch dirs.
 
 What it does NOT isolate (use ``bwrap`` for these):
 
 - **Host files:** the whole host tree is visible with the permissions of ``nobody``: every
   world-readable file (the project tree, ``/etc``) can be read, and world-writable places other
   than the three tmpfs (if any exist) can be written.
-- **Processes:** no pid namespace. The snippet sees every host process in ``/proc`` and may
-  signal other runs (same uid). Without a cgroup, a double-forked daemon escapes the kill.
+- **Processes:** no pid namespace. The snippet sees every host process in ``/proc`` (pids,
+  command lines, owners; not their memory, environment or files). Without a cgroup a
+  double-forked daemon escapes the process-group kill; it is killed by uid once the run ends.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import struct
 from typing import ClassVar
 
 from arborl.sandbox import cgroup as cgroups
-from arborl.sandbox import common, seccomp
+from arborl.sandbox import common, seccomp, uids
 from arborl.sandbox.base import ExecResult, Limits, SandboxError
 from arborl.sandbox.launcher import bpf_loader
 
@@ -101,7 +107,7 @@ class ProcessBackend:
     def probe(cls) -> str | None:
         """``None`` if this machine can run it (root, Linux namespaces, Debian's python3)."""
         if os.geteuid() != 0:
-            return "the process backend must run as root (it unshares namespaces and drops to uid 65534)"
+            return "the process backend must run as root (it unshares namespaces and drops to a sandbox uid)"
         if not os.path.exists(common.SYSTEM_PYTHON):
             return f"{common.SYSTEM_PYTHON} is missing: apt-get install -y python3"
         if not os.path.exists("/proc/self/ns/net"):
@@ -126,21 +132,25 @@ class ProcessBackend:
 
     def run_python(self, code: str, *, stdin: str = "", files: dict[str, bytes] | None = None) -> ExecResult:
         """Run one snippet (see :meth:`arborl.sandbox.Sandbox.run_python`)."""
-        request = common.make_request(
-            code, stdin, files, common.PROXY_SOCKET_IN_SANDBOX if self.proxy_socket else None
-        )
-        payload_fd = os.memfd_create("arborl-request")
+        request = common.make_request(code, files, common.PROXY_SOCKET_IN_SANDBOX if self.proxy_socket else None)
+        payload_fd = common.new_memfd("arborl-request", request)
+        stdin_fd = common.new_memfd("arborl-stdin", common.stdin_bytes(stdin))
+        lease = None
         try:
-            os.write(payload_fd, request)
-            os.lseek(payload_fd, 0, os.SEEK_SET)
+            lease = uids.lease()
             opts, proxy = self._tmpfs_opts, self.proxy_socket
-            argv = [common.SYSTEM_PYTHON, "-I", "-S", "-B", "-c", common.launcher_source(), str(payload_fd)]
+            argv = [common.SYSTEM_PYTHON, "-I", "-S", "-B", "-c", common.launcher_source(), str(payload_fd),
+                    str(stdin_fd)]  # fmt: skip
             return common.run_once(
-                argv, limits=self.limits, backend=self.name, pass_fds=(payload_fd,),
+                argv, limits=self.limits, backend=self.name, uid=lease.uid, pass_fds=(payload_fd, stdin_fd),
                 before_drop=lambda: _isolate(opts, proxy), after_drop=self._load_seccomp, env=dict(common.SANDBOX_ENV),
             )  # fmt: skip
         finally:
             os.close(payload_fd)
+            os.close(stdin_fd)
+            if lease is not None:
+                # Without a cgroup, descendants that left the process group are found by uid.
+                lease.release(kill=cgroups.detect() is None)
 
     def close(self) -> None:
         """Nothing is kept between runs."""

@@ -15,6 +15,10 @@ What it blocks (default action: allow; blocked calls fail with ``EPERM``, ``clon
   ``open_tree``, ``fsopen``, ``bpf``, ``perf_event_open``, ``userfaultfd``, ``kexec_load``,
   ``keyctl``, ``add_key``, ``request_key``, ``unshare``, ``setns``, ``open_by_handle_at``,
   ``syslog`` (the host's kernel log, readable without privileges where ``dmesg_restrict=0``);
+- ``io_uring_setup``, ``io_uring_enter``, ``io_uring_register``: an io_uring submission runs in
+  the kernel without a syscall seccomp could inspect, so ``IORING_OP_SOCKET`` would hand out the
+  AF_INET/AF_INET6 sockets that the ``socket`` rule refuses (Docker's default profile refuses
+  io_uring too);
 - ``clone`` with ``CLONE_NEWUSER`` (nested user namespaces; bwrap also sets ``--disable-userns``);
 - ``ioctl(TIOCSTI)`` and ``ioctl(TIOCLINUX)`` with a *masked 32-bit* compare, so the
   ``TIOCSTI | 1 << 32`` variant of CVE-2019-10063 is caught too.
@@ -50,6 +54,7 @@ BLOCKED_SYSCALLS = (
     "ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root",
     "move_mount", "open_tree", "fsopen", "bpf", "perf_event_open", "userfaultfd", "kexec_load",
     "keyctl", "add_key", "request_key", "unshare", "setns", "open_by_handle_at", "syslog",
+    "io_uring_setup", "io_uring_enter", "io_uring_register",
 )  # fmt: skip
 
 

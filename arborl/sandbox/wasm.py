@@ -17,7 +17,8 @@ the rest. A run that finds no idle worker starts one; after such a burst, the wo
 
 Disk. WASI has no quota of its own, so the scratch directory is a tmpfs of ``limits.disk_mb``
 (and a matching inode cap): a real cap. Each worker mounts its own in a private mount namespace
-(invisible to the host, gone with the worker), then drops to uid/gid 65534 for good, and empties
+(invisible to the host, gone with the worker), then drops for good to a uid/gid leased for that
+worker (:mod:`arborl.sandbox.uids`: no other sandbox, of any backend, runs as it), and empties
 the scratch after every run, iteratively (:func:`arborl.sandbox.scratch.wipe`: a tree thousands
 of levels deep or without permissions is removed too); a worker whose scratch cannot be emptied
 is replaced. WASI has no IPC and no sockets, so nothing else outlives a run. Mounting
@@ -28,7 +29,7 @@ dies without ``close()``, its workers exit within ~0.1 s and remove their files;
 directories remain in the temp dir.
 
 What it does NOT isolate: the wasmtime runtime itself is the boundary (a wasmtime bug escapes,
-as uid 65534 in the writable mode, as the caller in the read-only mode); CPU time is bounded
+as the worker's uid in the writable mode, as the caller in the read-only mode); CPU time is bounded
 only through the epoch deadline, which counts wall time (``min(cpu_s, wall_s)``); timing side
 channels are open. The interpreter is the WebAssembly Language Runtimes build of
 CPython 3.12.0 (stdlib embedded): no ``ssl``, ``ctypes``, threads or C extensions such as numpy.
@@ -54,6 +55,7 @@ import time
 from typing import ClassVar
 
 from arborl.sandbox import _wasm_runtime as rt
+from arborl.sandbox import uids
 from arborl.sandbox.base import ExecResult, Limits, SandboxError
 from arborl.sandbox.common import validate_files
 from arborl.sandbox.output import read_capped
@@ -106,7 +108,7 @@ class WasmBackend:
         self._cwasm = rt.compiled_module(self._wasm)  # compiles once per machine, then cached
         self._dir = tempfile.mkdtemp(prefix="arborl-wasm-")
         if self.writable:
-            os.chmod(self._dir, 0o711)  # workers drop to uid 65534: traverse, but not list
+            os.chmod(self._dir, 0o711)  # workers drop to sandbox uids: traverse, but not list
         self._workers: set[_Worker] = set()
         self._lock = threading.Lock()
         self._closed = False
@@ -127,8 +129,14 @@ class WasmBackend:
         return None
 
     def _spawn(self) -> _Worker:
-        w = _Worker([self._cwasm, str(self.limits.memory_mb), str(self.limits.disk_mb), str(int(self.writable)),
-                     self._dir])
+        lease = uids.lease() if self.writable else None  # read-only mode: workers keep our uid
+        try:
+            w = _Worker([self._cwasm, str(self.limits.memory_mb), str(self.limits.disk_mb), str(int(self.writable)),
+                         self._dir, str(lease.uid if lease else os.getuid())], lease)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
         with self._lock:
             self._workers.add(w)
         return w
@@ -249,7 +257,8 @@ class WasmBackend:
 class _Worker:
     """One worker process (:func:`~arborl.sandbox._wasm_runtime.worker`) and its socket."""
 
-    def __init__(self, args: list[str]) -> None:
+    def __init__(self, args: list[str], lease: uids.UidLease | None) -> None:
+        self.lease = lease
         self.sock, theirs = socket.socketpair()
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "import sys; from arborl.sandbox._wasm_runtime import worker; worker(sys.argv[1:])",
@@ -275,6 +284,8 @@ class _Worker:
             self.proc.kill()
         self.proc.wait()
         self.sock.close()
+        if self.lease is not None:
+            self.lease.release()
 
 
 if __name__ == "__main__":  # `python -m arborl.sandbox.wasm fetch`: download python.wasm, compile

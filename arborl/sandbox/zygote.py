@@ -5,9 +5,10 @@ with the common modules already imported, running as root inside a bwrap that gi
 mount namespace (the same read-only system binds as the ``bwrap`` backend, nothing else of the
 host), an empty network namespace, and its own pid/ipc/uts namespaces. For every request it
 forks a child into fresh pid/mount/ipc/uts namespaces (and, with a proxy, a fresh network
-namespace) that drops to uid 65534 before the snippet runs; two such children are forked and
-fully jailed *ahead* of their requests (they hold nothing of any request until one is handed to
-them), so a request only pays for handing over its fds.
+namespace) that drops to a uid of its own (from a few leased per worker,
+:mod:`arborl.sandbox.uids`) and makes itself non-dumpable before the snippet runs; two such
+children are forked and fully jailed *ahead* of their requests (they hold nothing of any request
+until one is handed to them), so a request only pays for handing over its fds.
 
 What it isolates (the same probes as ``bwrap`` pass):
 
@@ -22,8 +23,9 @@ What it isolates (the same probes as ``bwrap`` pass):
   one, requests of a worker share its empty namespace, where no inet socket can be opened.
 - **Processes / orphans:** the snippet is pid 1 of a new pid namespace; when it exits or is
   killed at the deadline, every descendant dies with it. Per-request memory + pids cgroups.
-- **Privileges:** uid/gid 65534, no capabilities, ``no_new_privs``, the seccomp filter (which
-  also refuses nested user namespaces, since this bwrap runs without a user namespace).
+- **Privileges:** a uid/gid no other live sandbox holds, no capabilities, ``no_new_privs``, a
+  non-dumpable process, the seccomp filter (which also refuses nested user namespaces, since
+  this bwrap runs without a user namespace, and io_uring).
 
 What it does not isolate: everything ``bwrap`` does not (the kernel, CPU share); in addition the
 zygote itself runs as **root** (with capabilities, confined to its namespaces) -- the snippet
@@ -51,11 +53,11 @@ from pathlib import Path
 from typing import ClassVar
 
 from arborl.sandbox import cgroup as cgroups
-from arborl.sandbox import common, seccomp
+from arborl.sandbox import common, seccomp, uids
 from arborl.sandbox.base import ExecResult, Limits, SandboxError
 from arborl.sandbox.bwrap import BWRAP, BwrapBackend, _system_binds
 from arborl.sandbox.output import collect
-from arborl.sandbox.zygote_server import recv_exact
+from arborl.sandbox.zygote_server import UIDS_PER_WORKER, recv_exact
 
 # Imported once in every worker so snippets do not pay for them (and so lazy imports never need
 # paths that nobody cannot read).
@@ -87,10 +89,13 @@ class _Worker:
 
     def __init__(self, limits: Limits, bpf: bytes, proxy: str | None, preload: tuple[str, ...]) -> None:
         self.limits = limits
+        # The runners' uids: each live runner has one to itself (see zygote_server).
+        self.uids: list[uids.UidLease] = []
         factory = cgroups.detect()
         # The worker's own group bounds zygote + request; each request gets a tighter subgroup.
         self.cg = factory.create(memory_mb=limits.memory_mb + 512, pids=limits.pids + 64) if factory else None
         try:
+            self.uids = [uids.lease() for _ in range(UIDS_PER_WORKER)]
             self._start(bpf, proxy, preload)
         except BaseException:
             self.close()
@@ -141,6 +146,7 @@ class _Worker:
             "memory_mb": self.limits.memory_mb, "pids": self.limits.pids,
             "disk_mb": self.limits.disk_mb, "wall_s": self.limits.wall_s, "cpu_s": self.limits.cpu_s,
             "netns_per_run": proxy is not None,  # only then can a snippet open inet sockets
+            "uids": [lease.uid for lease in self.uids],
         }  # fmt: skip
         data = pickle.dumps(config)
         self.sock.sendall(struct.pack("!Q", len(data)) + data)
@@ -149,18 +155,17 @@ class _Worker:
         except (OSError, EOFError, ValueError) as exc:
             raise SandboxError(f"zygote worker did not start ({exc!r}): {self.log_tail()}") from exc
 
-    def run(self, request: bytes) -> tuple[ExecResult, bool]:
+    def run(self, request: bytes, stdin: bytes) -> tuple[ExecResult, bool]:
         """Run one request; return the result and whether the worker is still usable."""
         start = time.monotonic()
-        payload = os.memfd_create("arborl-request")
+        payload = common.new_memfd("arborl-request", request)
+        stdin_fd = common.new_memfd("arborl-stdin", stdin)  # filled here: RLIMIT_FSIZE binds the runner
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
-            os.write(payload, request)
-            os.lseek(payload, 0, os.SEEK_SET)
             pid, runner = self._next_runner()
             try:
-                socket.send_fds(runner, [b"REQUEST\0"], [out_w, err_w, payload])
+                socket.send_fds(runner, [b"REQUEST\0"], [out_w, err_w, payload, stdin_fd])
                 self.sock.sendall(b"START\0\0\0" + struct.pack("!Q", pid))
             except OSError as exc:
                 raise _WorkerGone(f"zygote worker is gone ({exc})") from exc
@@ -171,7 +176,7 @@ class _Worker:
             os.close(err_r)
             raise
         finally:
-            for fd in (payload, out_w, err_w):
+            for fd in (payload, stdin_fd, out_w, err_w):
                 os.close(fd)
         try:
             cap = collect([out_r, err_r], self.sock.fileno(), cap=self.limits.output_bytes,
@@ -252,6 +257,8 @@ class _Worker:
             self.log.close()
         if self.cg is not None:
             self.cg.remove()
+        for lease in self.uids:  # every runner is dead with the worker (and its cgroups) by now
+            lease.release(kill=self.cg is None)
 
 
 class ZygoteBackend:
@@ -334,14 +341,13 @@ class ZygoteBackend:
 
     def run_python(self, code: str, *, stdin: str = "", files: dict[str, bytes] | None = None) -> ExecResult:
         """Run one snippet in a fresh child of a warm worker."""
-        request = common.make_request(
-            code, stdin, files, common.PROXY_SOCKET_IN_SANDBOX if self.proxy_socket else None
-        )
+        request = common.make_request(code, files, common.PROXY_SOCKET_IN_SANDBOX if self.proxy_socket else None)
+        data = common.stdin_bytes(stdin)
         for attempt in range(2):
             worker = self._acquire()
             healthy = False
             try:
-                result, healthy = worker.run(request)
+                result, healthy = worker.run(request, data)
                 return result
             except _WorkerGone:
                 if attempt:

@@ -10,14 +10,20 @@ program, limits, cgroup layout), imports the usual modules once, then serves one
    ``setns`` back to its own namespaces; the runner brings up the loopback of its new network
    namespace (the relay listens there), mounts a size-capped tmpfs on ``/tmp`` and ``/dev/shm``
    and a fresh ``/proc``, joins the cgroups, hides them, sets rlimits, closes every other fd, drops to
-   uid/gid 65534, installs seccomp, and waits on a socket of its own, whose other end the
+   a uid/gid of its own (one of the worker's leased uids, see below), makes itself
+   non-dumpable, installs seccomp, and waits on a socket of its own, whose other end the
    zygote passes to the caller (over a second socket, so it never mixes with replies);
-2. the caller sends its fds (stdout, stderr, request memfd) straight to a waiting runner, which
-   reads the request and runs the snippet, and tells the zygote which runner started;
+2. the caller sends its fds (stdout, stderr, request memfd, stdin memfd) straight to a waiting
+   runner, which reads the request and runs the snippet, and tells the zygote which runner
+   started;
 3. enforce the wall deadline (SIGKILL of pid 1 ends the namespace) and answer the caller with
    the status and CPU time (JSON);
 4. as background work -- while no request waits, or while a runner works -- fork the next
    runners (two are kept ready) and release answered requests' namespaces and cgroups.
+
+The host leases a few uids per worker (``config["uids"]``); each runner takes a free one and
+its uid is free again only once its request is torn down (its pid namespace is gone and its
+cgroups are empty), so no two live runners ever share a uid.
 
 The zygote never holds secrets: it starts with an empty environment and only ever receives code,
 limits. See :mod:`arborl.sandbox.zygote` for the threat model.
@@ -50,6 +56,8 @@ MNT_DETACH = 2
 CG_MOUNT = "/run/arborl/cg"
 READY_RUNNERS = 2  # runners forked ahead of their requests
 MAX_TEARDOWN_BACKLOG = 4  # answered requests whose teardown may wait for idle time
+# Uids a worker needs: the ready runners, the running one, and a full teardown backlog + 1.
+UIDS_PER_WORKER = READY_RUNNERS + MAX_TEARDOWN_BACKLOG + 2
 SETUP_FAILED = 125  # runner exit status when the sandbox setup (not the snippet) failed
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -91,10 +99,11 @@ class Server:
         self.load_seccomp = self.launcher.bpf_loader(config["bpf"])
         self.cg_dirs = [os.path.join(CG_MOUNT, str(i)) for i in range(config["cg_count"])]
         self.counter = 0
-        # Runners waiting for the next requests, and the namespace fds + cgroups of answered
-        # requests still to be released.
-        self.ready: dict[int, tuple[list[int], list[str]]] = {}
-        self.teardown: collections.deque[tuple[list[int], list[str]]] = collections.deque()
+        # Runners waiting for the next requests, and the namespace fds + cgroups + uid of
+        # answered requests still to be released.
+        self.ready: dict[int, tuple[list[int], list[str], int]] = {}
+        self.teardown: collections.deque[tuple[list[int], list[str], int]] = collections.deque()
+        self.free_uids = collections.deque(config["uids"])
         # The zygote's own namespaces, to return to after each fork (see fork_into_namespaces).
         self.home_ns = [
             (os.open(f"/proc/self/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), flag)
@@ -168,9 +177,10 @@ class Server:
     def serve_one(self) -> None:
         """Supervise one run: the caller names the runner it has just handed its fds to.
 
-        Runners are forked, jailed and dropped to uid 65534 before any request exists, and each
-        one's socket is passed to the caller (:meth:`background_step`), which sends the runner
-        its stdout, stderr and request memfd directly, then ``START`` + the runner's pid here.
+        Runners are forked, jailed and dropped to their own uid before any request exists, and
+        each one's socket is passed to the caller (:meth:`background_step`), which sends the
+        runner its stdout, stderr, request and stdin memfds directly, then ``START`` + the
+        runner's pid here.
         The request itself is only ever read by the runner, so the zygote's memory, which every
         later runner inherits, never holds another run's code or files.
         """
@@ -180,14 +190,20 @@ class Server:
         if tag != b"START\0\0\0" or pid not in self.ready:
             send_msg(self.sock, {"exit_code": None, "error": f"zygote: malformed request {data!r}"})
             return
-        held, dirs = self.ready.pop(pid)
+        slot = self.ready.pop(pid)
         report = self.wait(pid, start)
-        report["memory_exceeded"] = self.oom_killed(dirs)
+        report["memory_exceeded"] = self.oom_killed(slot[1])
+        # The runner is pid 1 of its namespace: nothing inside can SIGKILL it, and nothing outside
+        # but root (no other sandbox has its uid). A SIGKILL the zygote did not send at the wall
+        # deadline is the kernel's: the OOM killer, or the CPU limit (soft == hard, so SIGKILL).
+        # Its rusage cannot tell: it read as low as 0.84 s for a 1 s RLIMIT_CPU kill.
+        if report["exit_code"] == -signal.SIGKILL and not report["memory_exceeded"]:
+            report["timed_out"] = True
         send_msg(self.sock, report)
         # Tearing the request down (dropping the last reference to its mount/ipc namespaces
         # unmounts its tmpfs, an RCU wait, then its cgroups go) is background work, like forking
         # the next runners; a bounded backlog is cleared here at once.
-        self.teardown.append((held, dirs))
+        self.teardown.append(slot)
         while len(self.teardown) > MAX_TEARDOWN_BACKLOG:
             self.background_step()
 
@@ -202,8 +218,8 @@ class Server:
         come back to back there is no idle time; the second core runs them beside the runner).
         """
         if len(self.ready) < READY_RUNNERS:
-            pid, chan, held, dirs = self.prefork()
-            self.ready[pid] = (held, dirs)
+            pid, chan, slot = self.prefork()
+            self.ready[pid] = slot
             try:
                 socket.send_fds(self.ann, [struct.pack("!Q", pid)], [chan.fileno()])
             except OSError as exc:
@@ -211,33 +227,41 @@ class Server:
             finally:
                 chan.close()  # the caller holds it now; the runner sees EOF if the caller drops it
         elif self.teardown:
-            held, dirs = self.teardown.popleft()
-            for fd in held:
-                os.close(fd)
-            self.remove_cgroups(dirs)
+            self.tear_down_one()
+
+    def tear_down_one(self) -> None:
+        """Release the oldest answered request: its namespaces, its cgroups, then its uid."""
+        held, dirs, uid = self.teardown.popleft()
+        for fd in held:
+            os.close(fd)
+        self.remove_cgroups(dirs)
+        self.free_uids.append(uid)
 
     def idle_work(self) -> None:
         """Do background work until it is done or a request is waiting on the socket."""
         while self.background_pending() and not select.select([self.sock], [], [], 0)[0]:
             self.background_step()
 
-    def prefork(self) -> tuple[int, socket.socket, list[int], list[str]]:
+    def prefork(self) -> tuple[int, socket.socket, tuple[list[int], list[str], int]]:
         """Make the next request's cgroups and runner; the runner waits for its fds.
 
         Returns:
-            The runner's pid, the socket its fds go through, the namespace fds to close once
-            the request is answered, and its cgroup directories.
+            The runner's pid, the socket its fds go through, and what to release once the
+            request is answered: its namespace fds, its cgroup directories and its uid.
         """
+        while not self.free_uids and self.teardown:
+            self.tear_down_one()  # every uid still belongs to an answered request: free one
+        uid = self.free_uids.popleft()  # IndexError only if the host leased too few uids
         dirs = self.make_cgroups() if self.cg_dirs else []
         chan, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            pid, held = self.fork_into_namespaces(child_end, chan, dirs)
+            pid, held = self.fork_into_namespaces(child_end, chan, dirs, uid)
         finally:
             child_end.close()
-        return pid, chan, held, dirs
+        return pid, chan, (held, dirs, uid)
 
     def fork_into_namespaces(
-        self, chan: socket.socket, other: socket.socket, dirs: list[str]
+        self, chan: socket.socket, other: socket.socket, dirs: list[str], uid: int
     ) -> tuple[int, list[int]]:
         """Fork the runner as pid 1 of fresh pid/mount/ipc/uts (and, with a proxy, net) namespaces.
 
@@ -262,7 +286,7 @@ class Server:
             pid = os.fork()
             if pid == 0:
                 other.close()
-                self.runner(chan, dirs)
+                self.runner(chan, dirs, uid)
         finally:
             for fd, flag in self.home_ns:
                 _check(_libc.setns(fd, flag), "setns back to the zygote's namespaces")
@@ -287,18 +311,14 @@ class Server:
         code = os.waitstatus_to_exitcode(status)
         cpu = usage.ru_utime + usage.ru_stime
         report.update(exit_code=code, cpu_s=cpu)
-        # pid 1 ignores SIGXCPU, so the CPU limit shows up as the hard limit's SIGKILL.
-        # rusage is tick-accurate, so allow a little under the limit.
-        if code in (-signal.SIGXCPU, -signal.SIGKILL) and cpu >= 0.9 * int(self.cfg["cpu_s"] + 0.999):
-            report["timed_out"] = True
         return report
 
-    def runner(self, chan: socket.socket, dirs: list[str]) -> None:
+    def runner(self, chan: socket.socket, dirs: list[str], uid: int) -> None:
         """Pid 1 of the request's namespace: jail itself, drop privileges, await and run the request.
 
         Everything up to the seccomp filter happens before the request exists; then the runner
-        (uid 65534 by now) blocks until the zygote passes it the caller's stdout, stderr and
-        request memfd. A setup failure is reported on the caller's stderr once that arrives.
+        (``uid`` by now) blocks until the caller passes it its stdout, stderr, request memfd and
+        stdin memfd. A setup failure is reported on the caller's stderr once they arrive.
         """
         failure: BaseException | None = None
         try:
@@ -307,20 +327,22 @@ class Server:
             os.closerange(3, keep)
             os.closerange(keep + 1, 1 << 16)
             os.setgroups([])
-            os.setresgid(65534, 65534, 65534)
-            os.setresuid(65534, 65534, 65534)
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            self.launcher.make_undumpable()  # the uid change did so too, unless suid_dumpable != 0
             self.load_seccomp()
         except BaseException as exc:  # noqa: BLE001 - reported to the caller below
             failure = exc
         try:
-            _, fds, _, _ = socket.recv_fds(chan, 8, 3)
+            _, fds, _, _ = socket.recv_fds(chan, 8, 4)
         except BaseException:  # noqa: BLE001 - the zygote is gone: nothing to run, nobody to tell
             os._exit(SETUP_FAILED)
-        if len(fds) != 3:
+        if len(fds) != 4:
             os._exit(0)  # the zygote stopped without using this runner
         try:
             os.dup2(fds[0], 1)
             os.dup2(fds[1], 2)
+            os.dup2(fds[3], 0)
             if failure is not None:
                 raise failure
             request = marshal.loads(self.launcher.read_fd(fds[2]))
@@ -371,14 +393,14 @@ class Server:
                 self.serve_one()
             except EOFError:
                 break
-        for runner, (held, dirs) in self.ready.items():  # never used: stop them
+        for runner, slot in self.ready.items():  # never used: stop them
             with contextlib.suppress(OSError):
                 os.kill(runner, signal.SIGKILL)
             os.waitpid(runner, 0)
-            self.teardown.append((held, dirs))
+            self.teardown.append(slot)
         self.ready.clear()
         while self.teardown:
-            self.background_step()
+            self.tear_down_one()  # not background_step(): that would fork new runners first
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Docker backend: one property per test, against a private dockerd (see conftest.py).
 
 Expectations are hand-derived from the container flags in ``arborl/sandbox/docker.py``:
-uid/gid 65534, read-only root (EROFS = errno 30), no network interface but ``lo``, pids and
+a uid/gid of the reserved sandbox range (``arborl.sandbox.uids``), read-only root (EROFS = errno 30), no network interface but ``lo``, pids and
 memory cgroup limits, a size-capped /scratch tmpfs, kill-and-replace at the deadline.
 """
 
@@ -21,6 +21,7 @@ from arborl.sandbox import seccomp
 from arborl.sandbox._docker_image import ensure_image
 from arborl.sandbox.base import Limits, SandboxError
 from arborl.sandbox.docker import DockerBackend
+from arborl.sandbox.uids import UID_RANGE
 
 LIMITS = Limits(wall_s=3.0, cpu_s=2.0, memory_mb=128, pids=32, disk_mb=8, output_bytes=4096)
 
@@ -50,6 +51,13 @@ def test_stdin_stdout_exit_code(backend: DockerBackend) -> None:
     assert (r.stdout, r.exit_code, r.ok, r.backend) == ("cba\n", 3, False, "docker")
 
 
+def test_user_name_resolves_without_a_passwd_entry_for_the_uid(backend: DockerBackend) -> None:
+    # The container's uid is leased per container, so the image's /etc/passwd cannot name it.
+    r = backend.run_python("import getpass, os, pwd\ntry:\n    pwd.getpwuid(os.getuid())\nexcept KeyError:\n"
+                           "    print('no entry')\nprint(getpass.getuser())")
+    assert (r.stdout, r.exit_code) == ("no entry\nnobody\n", 0), r
+
+
 def test_identity_readonly_root_and_no_network(backend: DockerBackend) -> None:
     code = """
 import errno, json, os, socket
@@ -71,7 +79,7 @@ print(json.dumps(res))
     r = backend.run_python(code)
     assert r.ok, r.stderr
     res = json.loads(r.stdout)
-    assert (res["uid"], res["gid"]) == (65534, 65534)
+    assert res["uid"] == res["gid"] and res["uid"] in UID_RANGE, (res["uid"], res["gid"])
     assert res["ifaces"] == ["lo"]
     assert res["write_root"] == 30  # EROFS
     # EPERM: the seccomp profile refuses AF_INET without a proxy. That --network none leaves no
@@ -79,7 +87,7 @@ print(json.dumps(res))
     assert res["tcp"] == 1
     assert res["capeff"] == "0000000000000000"
     assert res["nnp"] == "1"
-    assert res["env"] == ["HOME", "LANG", "PATH", "TMPDIR"]  # nothing from the host
+    assert res["env"] == ["HOME", "LANG", "PATH", "TMPDIR", "USER"]  # nothing from the host
 
 
 def test_files_are_visible_and_nothing_persists(backend: DockerBackend) -> None:
@@ -193,7 +201,8 @@ def test_cold_path_and_close_leave_no_container(docker_host: str) -> None:
         "import ctypes, os; libc = ctypes.CDLL(None, use_errno=True)\n"
         "print(os.getuid(), libc.ptrace(0, 0, 0, 0), ctypes.get_errno())"
     )
-    assert (r.stdout, r.exit_code) == ("65534 -1 1\n", 0)
+    uid, ret, err = r.stdout.split()
+    assert int(uid) in UID_RANGE and (ret, err, r.exit_code) == ("-1", "1", 0), r
     assert owned(docker_host, b) == []  # --rm
     warm = DockerBackend(LIMITS, docker_host=docker_host, pool_size=2)
     assert len(owned(docker_host, warm)) == 2

@@ -18,6 +18,7 @@ from backendkit import SITE_BUILTINS
 
 from arborl.sandbox import _wasm_runtime as rt
 from arborl.sandbox.base import Limits, SandboxError
+from arborl.sandbox.uids import UID_RANGE
 from arborl.sandbox.wasm import WasmBackend
 
 LIMITS = Limits(wall_s=3.0, cpu_s=2.0, memory_mb=64, disk_mb=4, output_bytes=4096)
@@ -233,13 +234,25 @@ def test_small_memory_limit_is_checked_and_not_misreported(wasm_ready: str) -> N
     assert r.exit_code == 1 and not r.memory_exceeded and "ZeroDivisionError" in r.stderr
 
 
-def test_writable_workers_run_as_nobody_without_capabilities(writable: WasmBackend) -> None:
+def test_writable_workers_run_as_sandbox_uids_without_capabilities(writable: WasmBackend) -> None:
     assert writable.run_python("print(1)").ok  # make sure a worker is up and has served a run
     for w in list(writable._workers):
         with open(f"/proc/{w.proc.pid}/status") as f:
             status = dict(line.split(":", 1) for line in f)
-        assert status["Uid"].split() == ["65534"] * 4 and status["Gid"].split() == ["65534"] * 4
+        uid = int(status["Uid"].split()[0])
+        assert uid in UID_RANGE and status["Uid"].split() == status["Gid"].split() == [str(uid)] * 4, status
         assert status["CapEff"].strip() == "0000000000000000" and status["NoNewPrivs"].strip() == "1"
+
+
+def test_each_writable_worker_has_a_uid_of_its_own(writable: WasmBackend) -> None:
+    # A wasm snippet has no uid to report (no processes, no signals): read the workers' from the host.
+    with WasmBackend(LIMITS, pool_size=3) as pool:
+        workers = list(pool._workers)
+        uids = set()
+        for w in workers:
+            with open(f"/proc/{w.proc.pid}/status") as f:
+                uids.add(next(line.split()[1] for line in f if line.startswith("Uid:")))
+    assert len(workers) == 3 and len(uids) == 3, uids
 
 
 def test_concurrent_runs_from_threads(backend: WasmBackend) -> None:
