@@ -1,9 +1,9 @@
 """The Python API for notebooks and scripts: :func:`load_config` and :func:`train`, as the CLI runs them.
 
-    from arborl import load_config, train
+from arborl import load_config, train
 
-    cfg = load_config("examples/frozenlake.toml", ["rl.iterations=20"])
-    summary = train(cfg)
+cfg = load_config("examples/frozenlake.toml", ["rl.iterations=20"])
+summary = train(cfg)
 """
 
 from __future__ import annotations

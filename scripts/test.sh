@@ -17,6 +17,8 @@ for s in scripts/setup/*.sh; do
   echo "== $s"
   bash "$s"
 done
+echo "== ruff check"
+python -m ruff check .
 export ARBORL_PROGRESS=0
 # In CI a test whose service is missing fails instead of skipping.
 if [ "${CI:-}" = "true" ]; then export ARBORL_REQUIRE_SERVICES=1; fi

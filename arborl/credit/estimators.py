@@ -82,6 +82,7 @@ class StepBatch:
         return torch.bincount(self.episode, weights=w, minlength=self.group.numel()).to(torch.float32)
 
     def step_active(self) -> Tensor:
+        """``[N]`` bool: steps that take part in credit (all of them when ``active`` is None)."""
         return torch.ones_like(self.episode, dtype=torch.bool) if self.active is None else self.active
 
 
@@ -94,8 +95,11 @@ def _length_weights(batch: StepBatch) -> Tensor:
 
 
 def _state_groups(batch: StepBatch) -> Tensor:
-    """``[N]`` dense ids of (episode group, anchor state); each inactive step is a singleton group,
-    so it shifts no one's baseline and gets no step advantage itself."""
+    """``[N]`` dense ids of (episode group, anchor state).
+
+    Each inactive step is a singleton group, so it shifts no one's baseline and gets no step
+    advantage itself.
+    """
     active = batch.step_active()
     anchor = torch.where(active, batch.anchor, -1 - torch.arange(active.numel()))
     return dense_ids(batch.group[batch.episode], anchor)

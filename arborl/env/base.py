@@ -67,16 +67,16 @@ class Env(Protocol):
     """Structural type of an arborl environment (no base class needed)."""
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
-        ...
+        """Start an episode; returns ``(observation, info)``."""
 
     def step(self, action: str) -> StepResult:
-        ...
+        """Apply the model's text as an action; never raises on text that is not an action."""
 
     def format_observation(self, obs: Any) -> str | list[dict[str, Any]]:
-        ...
+        """Render an observation as the text (or content parts) the model reads."""
 
     def state_key(self) -> Hashable:
-        ...
+        """A hashable key of the current state: equal keys mean the same decision point."""
 
     def close(self) -> None:
-        ...
+        """Release what the env holds; called once when arborl is done with it."""

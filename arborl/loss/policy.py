@@ -101,7 +101,8 @@ def ppo_clip_loss(
         old_logp: ``[B, T]`` behaviour log-probs (no grad).
         advantages: ``[B, T]`` per-token advantages (already broadcast from steps).
         mask: ``[B, T]`` 1 on trained tokens.
-        clip_low, clip_high: ratio clipped to ``[1 - clip_low, 1 + clip_high]``.
+        clip_low: the ratio is clipped below at ``1 - clip_low``.
+        clip_high: the ratio is clipped above at ``1 + clip_high`` (DAPO's clip-higher when larger).
         clip_c: dual-clip constant for negative advantages (None disables it).
         agg: aggregation mode, see :func:`aggregate`.
         ref_logp: ``[B, T]`` reference-policy log-probs; required when ``kl_coef > 0``.

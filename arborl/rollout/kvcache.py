@@ -19,6 +19,7 @@ class BufferLayer(DynamicLayer):
     """One layer's keys and values in a preallocated buffer (see module docstring)."""
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Allocate the buffers at the first update (transformers' cache-layer hook)."""
         self.device = key_states.device
         b, h, _, d = key_states.shape
         self._k = key_states.new_zeros(b, h, MIN_CAPACITY, d)
@@ -30,6 +31,7 @@ class BufferLayer(DynamicLayer):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append this step's keys and values; returns views of the whole cache for attention."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         q = key_states.shape[-2]
@@ -41,6 +43,7 @@ class BufferLayer(DynamicLayer):
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
+        """Number of cached positions."""
         return self.length if self.is_initialized else 0
 
     # --- re-indexing between forward passes -----------------------------------------------------
@@ -104,13 +107,16 @@ class BatchKVCache(Cache):
         return list(self.layers)
 
     def select_rows(self, idx: torch.Tensor) -> None:
+        """Keep only the batch rows ``idx`` (in that order) in every layer."""
         for layer in self.buffer_layers():
             layer.select_rows(idx)
 
     def add_rows(self, k: int) -> None:
+        """Append ``k`` empty batch rows to every layer."""
         for layer in self.buffer_layers():
             layer.add_rows(k)
 
     def gather_columns(self, idx: torch.Tensor) -> None:
+        """Reorder or drop cached positions per row (``idx``: ``[B, L]`` column indices) in every layer."""
         for layer in self.buffer_layers():
             layer.gather_columns(idx)

@@ -81,6 +81,7 @@ class ModelPolicy:
         self.max_context_tokens = getattr(model.config, "max_position_embeddings", None)
 
     def open_session(self, sampling: SamplingConfig, generator: torch.Generator) -> LMSession:
+        """A generation session over this model (one batch of episodes, its own KV cache)."""
         return LMSession(
             self.model,
             end_token_ids=self.renderer.end_token_ids,
@@ -108,6 +109,7 @@ class ScriptedPolicy:
         self.renderer = renderer
 
     def open_session(self, sampling: SamplingConfig, generator: torch.Generator) -> _ScriptedSession:
+        """A session that answers with the scripted function (sampling is ignored)."""
         return _ScriptedSession(self.fn, self.renderer)
 
 

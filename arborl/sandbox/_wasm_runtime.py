@@ -362,7 +362,8 @@ def _run_one(run_dir: str, scratch: str, req: dict, writable: bool, engine, modu
 def _tick(engine, parent: int, home: str) -> None:
     """Advance the epoch. When the backend's process is gone (close() never ran), remove this
     worker's directory and exit; not PR_SET_PDEATHSIG, which fires when the *thread* that spawned
-    us ends, and workers are respawned from short-lived threads."""
+    us ends, and workers are respawned from short-lived threads.
+    """
     wait = threading.Event().wait
     n = 0
     while True:

@@ -101,7 +101,8 @@ class Backend(Protocol):
 
     def run_python(self, code: str, *, stdin: str = "", files: dict[str, bytes] | None = None) -> ExecResult:
         """Run ``code`` from a clean scratch dir holding ``files``, with ``stdin``; never raise for
-        what the snippet does."""
+        what the snippet does.
+        """
         ...
 
     def close(self) -> None:

@@ -377,7 +377,8 @@ def supervise(
 
 def _reap(proc: subprocess.Popen[bytes], pidfd: int, timeout: float | None) -> tuple[int, float] | None:
     """Wait up to ``timeout`` for ``proc``; its exit code and CPU seconds (with its reaped
-    descendants'), or ``None`` if it is still running."""
+    descendants'), or ``None`` if it is still running.
+    """
     if not select.select([pidfd], [], [], timeout)[0]:
         return None
     _, status, usage = os.wait4(proc.pid, 0)

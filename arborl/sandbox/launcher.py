@@ -156,7 +156,6 @@ def _exit_code(exc: SystemExit) -> int:
 
 def run_snippet(code: str) -> None:
     """Run ``code`` as ``__main__`` from ``/tmp/main.py`` and exit the process with its status."""
-
     with open(MAIN_PATH, "w", encoding="utf-8") as fh:
         fh.write(code)
     main = type(sys)("__main__")

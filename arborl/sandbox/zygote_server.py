@@ -124,6 +124,7 @@ class Server:
 
     # -- cgroups -------------------------------------------------------------------------
     def make_cgroups(self) -> list[str]:
+        """Create the next request's memory and pids cgroups below the worker's dirs."""
         self.counter += 1
         dirs = [os.path.join(d, f"r{self.counter}") for d in self.cg_dirs]
         mem, pids = self.cfg["memory_mb"] << 20, self.cfg["pids"]
