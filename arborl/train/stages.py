@@ -37,12 +37,15 @@ def policy_dir(cfg: TrainConfig, name: str) -> Path:
 def _corpus(make_env: Callable[[], Env], episodes: int, seed_start: int, seed: int) -> tuple[list[str], list[str]]:
     """Observation texts and action words from expert-guided, partly random play.
 
-    Actions are the expert's, replaced with probability 0.3 by another action word seen so far
-    (or by a malformed one), so the corpus covers off-path states and invalid-action feedback.
+    Actions are the expert's (a random one of ``env.actions`` for an env without an expert),
+    replaced with probability 0.3 by another action word seen so far (or by a malformed one), so
+    the corpus covers off-path states and invalid-action feedback. Every declared action word is
+    in the result, so a from-scratch tokenizer knows it.
     """
     rng = random.Random(seed)
     env = make_env()
     texts: list[str] = []
+    known = [str(a) for a in getattr(env, "actions", ())]  # an env's declared action words, if any
     actions: list[str] = []
     try:
         for k in range(episodes):
@@ -50,7 +53,7 @@ def _corpus(make_env: Callable[[], Env], episodes: int, seed_start: int, seed: i
             texts.append(observation_text(env.format_observation(obs)))
             for _ in range(64):
                 expert = getattr(env, "expert_action", None)
-                act = expert() if expert is not None else "noop"
+                act = expert() if expert is not None else rng.choice(known) if known else "noop"
                 if act not in actions:
                     actions.append(act)
                 roll = rng.random()
@@ -64,7 +67,7 @@ def _corpus(make_env: Callable[[], Env], episodes: int, seed_start: int, seed: i
                     break
     finally:
         env.close()
-    return texts, actions
+    return texts, actions + [a for a in known if a not in actions]  # words play never reached, too
 
 
 def prepare_policy(cfg: TrainConfig, make_env: Callable[[], Env]) -> Path:
