@@ -1,12 +1,14 @@
-"""The canonical form of an episode: the bytes :meth:`Episode.content_hash` hashes and the store encodes.
+"""The canonical form of an episode and :func:`content_hash`, the one definition of the hash.
 
-Kept apart from :mod:`arborl.trajectory.schema` (the record types) because it is the one piece
-tuned for speed: the trajectory store builds its rows from the same pieces, so content hashing and
-storage share one definition.
+Kept apart from :mod:`arborl.trajectory.schema` (the record types, which this module imports and
+which import nothing from here) because it is the one piece tuned for speed: the trajectory store
+builds its rows from the same pieces (:func:`canonical_turns`), so content hashing and storage
+share one definition, and the store hashes with :func:`content_hash` on the pieces it built.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import struct
@@ -18,13 +20,7 @@ from json.encoder import c_make_encoder, encode_basestring_ascii
 from operator import countOf
 from typing import Any, NamedTuple
 
-from arborl.trajectory.schema import (
-    _EPISODE_SCALARS,
-    _TURN_FIELDS,
-    Episode,
-    ToolCall,
-    _plain,
-)
+from arborl.trajectory.schema import EPISODE_FIELDS, TURN_FIELDS, Episode, ToolCall, plain
 
 # --- canonical form (content hash) -----------------------------------------------------------
 # canonical_episode() is a byte string of frames, each a tag byte, a little-endian uint64 length
@@ -66,7 +62,7 @@ def compact_json_encoder(sort_keys: bool) -> Callable[[Any], str]:
 
 _canon_encode = compact_json_encoder(sort_keys=True)
 HASH_EXCLUDED = frozenset({"episode_id", "created_at", "group_id", "iteration", "tags", "metadata"})
-"""Episode fields that :meth:`Episode.content_hash` leaves out (ids, timestamps, grouping, labels)."""
+"""Episode fields that :func:`content_hash` leaves out (ids, timestamps, grouping, labels)."""
 CANONICAL_ARRAYS = ("output_ids", "output_logprobs", "output_mask", "prompt_ids")
 """Token array fields of a turn in canonical (sorted-key) order: :attr:`CanonicalTurn.arrays`."""
 ARRAY_CODES = ("i", "d", "b", "i")
@@ -92,6 +88,10 @@ class CanonicalTurn(NamedTuple):
         tail: ``"result":...`` through ``"valid":...`` (keys after ``prompt_ids``).
         rest: ``{head,mid,tail}``: the turn's JSON without its four token arrays.
         record: The turn's frames of :func:`canonical_episode`.
+        packed: The usual turn: all four token arrays packed in one go, so they are lists of
+            exact-type values (int32 ids, finite float log-probs, none of them -0.0, a 0/1 mask)
+            and the three output arrays have one length (:meth:`Episode.validate` then skips
+            those checks).
     """
 
     head: str
@@ -99,6 +99,7 @@ class CanonicalTurn(NamedTuple):
     tail: str
     rest: str
     record: bytes
+    packed: bool
 
     @property
     def arrays(self) -> tuple[bytes | str, ...]:
@@ -164,8 +165,22 @@ def _packed_record(rest: str, oi: Any, ol: Any, om: Any, pi: Any) -> bytes | Non
     return b"".join((_FRAME(b"t", len(r)), r, outputs, prompts))
 
 
+_NEGATIVE_ZERO = struct.pack("<d", -0.0)
+
+
+def _negative_zero(record: bytes, rest_len: int, n: int) -> bool:
+    """Whether the log-prob frame of a :func:`_packed_record` holds a -0.0 (one C search of its bytes)."""
+    start = 9 + rest_len + 9 + 4 * n + 9
+    k = record.find(_NEGATIVE_ZERO, start, start + 8 * n)
+    while k >= 0:
+        if (k - start) % 8 == 0:
+            return True
+        k = record.find(_NEGATIVE_ZERO, k + 1, start + 8 * n)
+    return False
+
+
 def _json(v: Any) -> str:
-    """``_CANON.encode(_plain(v))`` with the common types formatted directly."""
+    """``_CANON.encode(plain(v))`` with the common types formatted directly."""
     t = type(v)
     if t is str:
         return encode_basestring_ascii(v)
@@ -189,7 +204,7 @@ def _json(v: Any) -> str:
     try:  # plain JSON data encodes as is; _plain converts what asdict would (dataclasses inside)
         return _canon_encode(v)
     except TypeError:
-        return _canon_encode(_plain(v))
+        return _canon_encode(plain(v))
 
 
 def _tool_call_json(v: ToolCall) -> str:
@@ -281,7 +296,7 @@ def pack_array(values: Any, code: str) -> bytes | str:
     packed = _PACK[code](values)
     if packed is not None:
         return packed
-    text = _CANON.encode(_plain(values))
+    text = _CANON.encode(plain(values))
     packed = _PACK[code](json.loads(text))  # tuples, int/float subclasses: as their JSON value
     return text if packed is None else packed
 
@@ -416,15 +431,36 @@ def canonical_turns(ep: Episode) -> list[CanonicalTurn]:
                 f'"tool_call":{tool},"truncated":{trunc},"turn_id":{i},"valid":{valid}')
         rest = f"{{{head},{mid},{tail}}}"
         record = _packed_record(rest, t.output_ids, t.output_logprobs, t.output_mask, t.prompt_ids)
+        packed = record is not None and not (0.0 in t.output_logprobs and _negative_zero(record, len(rest), len(t.output_ids)))
         if record is None:  # not plain lists of exact values: the general rule decides, array by array
             record = _record(rest, (pack_array(t.output_ids, "i"), pack_array(t.output_logprobs, "d"),
                                     pack_array(t.output_mask, "b"), pack_array(t.prompt_ids, "i")))
-        out.append(new_turn((head, mid, tail, rest, record)))
+        out.append(new_turn((head, mid, tail, rest, record, packed)))
     return out
 
 
+def content_hash(ep: Episode, turns: list[CanonicalTurn] | None = None) -> str:
+    """sha256 (hex) of the episode's content, independent of ids, timestamps and grouping.
+
+    Two episodes with the same task, same turns (tokens, log-prob bits, masks, actions,
+    results, rewards) and the same tree shape hash equal, whatever their ``episode_id``, turn
+    ids, ``created_at``, ``group_id``, ``iteration``, ``tags``, ``metadata`` and turn
+    ``timings``: the store uses this for deduplication. Any other change (one token id, one bit
+    of one log-prob, one mask value, an action, a reward) changes the hash. The hashed bytes are
+    :func:`canonical_episode`'s.
+
+    Args:
+        ep: The episode.
+        turns: Its :func:`canonical_turns`, when the caller built them already (the store does).
+
+    Raises:
+        ValueError: a non-finite float. TypeError: a value is not JSON-able.
+    """
+    return hashlib.sha256(canonical_episode(ep, canonical_turns(ep) if turns is None else turns)).hexdigest()
+
+
 def canonical_episode(ep: Episode, turns: list[CanonicalTurn]) -> bytes:
-    """The bytes :meth:`Episode.content_hash` hashes, from the turns' canonical pieces."""
+    """The bytes :func:`content_hash` hashes, from the turns' canonical pieces."""
     j = _json  # the fields of _HASHED_FIELDS in sorted order, as _CANON would write the dict of them
     head = (f'{{"policy_version":{j(ep.policy_version)},"rewards":{j(ep.rewards)},'
             f'"schema_version":{j(ep.schema_version)},"seed":{j(ep.seed)},"source":{j(ep.source)},'
@@ -434,8 +470,9 @@ def canonical_episode(ep: Episode, turns: list[CanonicalTurn]) -> bytes:
     return b"".join(parts)
 
 
-_HASHED_FIELDS = tuple(f for f in _EPISODE_SCALARS if f not in HASH_EXCLUDED)
+_HASHED_FIELDS = tuple(f for f in EPISODE_FIELDS if f not in HASH_EXCLUDED)
 _ORDER = [*_HEAD, *CANONICAL_ARRAYS[:3], "parent_id", "policy_version", "prompt_ids", *_TAIL, "turn_id", "valid"]
 _HASHED_ORDER = ["policy_version", "rewards", "schema_version", "seed", "source", "stop_reason", "task_id", "task_type"]
-if sorted(f for f in _TURN_FIELDS if f != "timings") != _ORDER or sorted(_HASHED_FIELDS) != _HASHED_ORDER:
-    raise ImportError("the canonical form above no longer covers the Turn/Episode fields; update it")
+if sorted(f for f in TURN_FIELDS if f != "timings") != _ORDER or sorted(_HASHED_FIELDS) != _HASHED_ORDER:
+    raise ImportError("the canonical form above no longer covers the Turn/Episode fields; update it "
+                      "(docs/trajectory.md: adding a Turn field)")

@@ -17,21 +17,47 @@ exceptions that kill the trainer.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import math
 import time
 import uuid
+from array import array
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from operator import countOf
-from typing import Any
+from typing import Any, Literal, get_args
+
+from arborl.trajectory.values import (
+    FLOAT_LIMIT,
+    INT32_MAX,
+    INT32_MIN,
+    INT_MAX,
+    INT_MIN,
+    SchemaError,
+    check_int,
+    check_json,
+    check_number,
+    check_texts,
+    number_problem,
+    text_problem,
+)
 
 SCHEMA_VERSION = 1
 """Bump when a field changes meaning; readers refuse versions newer than they know."""
 
+StopReason = Literal["", "terminated", "truncated", "max_turns", "max_context", "env_error"]
+"""Why an episode ended (:attr:`Episode.stop_reason`), as the rollout engine writes it:
 
-class SchemaError(ValueError):
-    """A trajectory record is malformed; the message names the field and the fix."""
+* ``"terminated"``: the environment reached a terminal state;
+* ``"truncated"``: the environment cut the episode (its own step or time limit);
+* ``"max_turns"``: the rollout's ``max_turns`` budget ran out;
+* ``"max_context"``: the next turn would not fit the model's context (``max_context_tokens``);
+* ``"env_error"``: the env, a tool or generation raised; the error text is on the episode
+  (``metadata["error"]``) or its last turn (``Turn.error``);
+* ``""``: not recorded (an episode built by hand, or still running).
+"""
+STOP_REASONS: tuple[str, ...] = get_args(StopReason)
+"""The values of :data:`StopReason`; :meth:`Episode.validate` refuses any other."""
 
 
 def new_id() -> str:
@@ -116,23 +142,136 @@ class Turn:
     info: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
-        """Raise :class:`SchemaError` naming the first inconsistent field."""
-        n = len(self.output_ids)
-        if len(self.output_logprobs) != n:
-            raise SchemaError(
-                f"turn {self.turn_id}: output_logprobs has {len(self.output_logprobs)} entries but "
-                f"output_ids has {n}; record one behaviour log-prob per generated token")
-        if len(self.output_mask) != n:
-            raise SchemaError(
-                f"turn {self.turn_id}: output_mask has {len(self.output_mask)} entries but output_ids "
-                f"has {n}; record one mask value (0/1) per generated token")
-        if not math.isfinite(self.reward):
-            raise SchemaError(f"turn {self.turn_id}: reward is {self.reward}; step rewards must be finite")
-        s = sum(self.output_logprobs)  # C loops below; a finite sum means every value is finite
-        if s - s != 0 and not all(map(math.isfinite, self.output_logprobs)):
-            raise SchemaError(f"turn {self.turn_id}: output_logprobs contains a non-finite value")
-        if countOf(self.output_mask, 0) + countOf(self.output_mask, 1) != len(self.output_mask):  # m in (0, 1)
-            raise SchemaError(f"turn {self.turn_id}: output_mask values must be 0 or 1")
+        """Raise :class:`SchemaError` naming the first field that is inconsistent or cannot be stored.
+
+        Beyond the consistency rules (one log-prob and one mask value per output token, a finite
+        reward), every value must be storable data as :mod:`arborl.trajectory.values` defines it,
+        so that every store backend reads back exactly what was written.
+        """
+        check_texts(self._checked_texts(), f"turn {self.turn_id}")
+
+    def _checked_texts(self, packed: bool = False) -> list[str]:
+        """Check everything but the text content; return the texts to check (in one pass, by the caller).
+
+        With ``packed``, the token arrays are known to be what the canonical encoder packs (lists
+        of one length, int32 ids, finite float log-probs, a 0/1 mask): only the log-prob rules
+        packing does not cover are checked.
+        """
+        where = f"turn {self.turn_id}"
+        texts = [self.turn_id, self.observation, self.action_text,
+                 *[v for v in (self.parent_id, self.action, self.result, self.state_key, self.error) if v is not None]]
+        if countOf(map(type, texts), str) != len(texts):
+            _raise_type(self, ("turn_id", "observation", "action_text"), str, where)
+            _raise_type(self, _TURN_OPTIONAL_TEXT, str, where, optional=True)
+        if not (type(self.valid) is bool and type(self.terminated) is bool and type(self.truncated) is bool):
+            _raise_type(self, ("valid", "terminated", "truncated"), bool, where)
+        i, pv = self.index, self.policy_version
+        if not (type(i) is int and type(pv) is int and INT_MIN <= i <= INT_MAX and INT_MIN <= pv <= INT_MAX):
+            check_int(i, f"{where}: index")
+            check_int(pv, f"{where}: policy_version")
+        r = self.reward
+        if not (type(r) is float and -FLOAT_LIMIT < r < FLOAT_LIMIT and (r or math.copysign(1.0, r) > 0)):
+            check_number(r, f"{where}: reward (step rewards must be finite numbers)")
+        if packed:
+            _check_logprob_values(self.output_logprobs, where)
+        else:
+            _check_arrays(self, where)
+        timings, info = self.timings, self.info
+        if type(timings) is not dict or type(info) is not dict:
+            _raise_type(self, ("timings", "info"), dict, where)
+        if timings:
+            check_json(timings, f"{where}: timings")
+        if info:
+            check_json(info, f"{where}: info")
+        if self.media or self.tool_call is not None or type(self.media) is not list:
+            self._check_refs(where, texts)
+        return texts
+
+    def _check_refs(self, where: str, texts: list[str]) -> None:
+        """``media`` and ``tool_call``: the schema's own types, with storable contents."""
+        media = self.media
+        if type(media) is not list:
+            raise SchemaError(f"{where}: media must be a list of MediaRef, got {type(media).__name__}")
+        for k, m in enumerate(media):
+            if type(m) is not MediaRef or type(m.url) is not str or type(m.mime) is not str or (
+                    m.sha256 is not None and type(m.sha256) is not str):
+                raise SchemaError(f"{where}: media[{k}] must be a MediaRef with str url, mime and sha256 (or None), "
+                                  f"got {m!r}")
+            texts += (m.url, m.mime) if m.sha256 is None else (m.url, m.mime, m.sha256)
+        tc = self.tool_call
+        if tc is None:
+            return
+        if type(tc) is not ToolCall or type(tc.name) is not str or (tc.call_id is not None and type(tc.call_id) is not str):
+            raise SchemaError(f"{where}: tool_call must be a ToolCall with a str name and call_id (or None), got {tc!r}")
+        if type(tc.arguments) is not dict:
+            raise SchemaError(f"{where}: tool_call.arguments must be a dict, got {type(tc.arguments).__name__}")
+        texts.append(tc.name)
+        if tc.call_id is not None:
+            texts.append(tc.call_id)
+        if tc.arguments:
+            check_json(tc.arguments, f"{where}: tool_call.arguments")
+
+
+_TURN_OPTIONAL_TEXT = ("parent_id", "action", "result", "state_key", "error")
+
+
+def _raise_type(obj: Any, names: tuple[str, ...], want: type, where: str, optional: bool = False) -> None:
+    """Raise naming the first of ``names`` whose value is not of type ``want`` (or None, if ``optional``)."""
+    for name in names:
+        v = getattr(obj, name)
+        if type(v) is not want and not (optional and v is None):
+            raise SchemaError(f"{where}: {name} must be a {want.__name__}{' or None' if optional else ''}, got {v!r}")
+
+
+def _check_arrays(t: Turn, where: str) -> None:
+    """The four token arrays: lists of one length per output token, storable ints and floats, 0/1 masks."""
+    oi, ol, om, pi = t.output_ids, t.output_logprobs, t.output_mask, t.prompt_ids
+    if not (type(oi) is list and type(ol) is list and type(om) is list and type(pi) is list):
+        for name in ("output_ids", "output_logprobs", "output_mask", "prompt_ids"):
+            v = getattr(t, name)
+            if type(v) is not list:
+                raise SchemaError(f"{where}: {name} must be a list (a {type(v).__name__} would read back as a list)")
+    n = len(oi)
+    if len(ol) != n:
+        raise SchemaError(
+            f"{where}: output_logprobs has {len(ol)} entries but output_ids has {n}; "
+            "record one behaviour log-prob per generated token")
+    if len(om) != n:
+        raise SchemaError(
+            f"{where}: output_mask has {len(om)} entries but output_ids has {n}; "
+            "record one mask value (0/1) per generated token")
+    for name, ids in (("output_ids", oi), ("prompt_ids", pi)):
+        try:
+            array("q", ids)  # one C pass: every id an int (or bool) within 64 bits
+        except (TypeError, OverflowError):
+            _check_ids(ids, f"{where}: {name}")
+    if countOf(map(type, ol), float) != n or (t := sum(ol)) - t != 0.0 or 0.0 in ol:  # else each value is looked at
+        _slow_logprobs(ol, where)
+    _check_logprob_values(ol, where)
+    if countOf(om, 0) + countOf(om, 1) != n:  # m in (0, 1)
+        raise SchemaError(f"{where}: output_mask values must be 0 or 1")
+
+
+def _check_logprob_values(ol: list[float], where: str) -> None:
+    """Finite floats, no -0.0: refuse a magnitude of FLOAT_LIMIT or more (in C passes in the usual case)."""
+    # log-probs are <= 0: then every value lies between the (finite) sum and 0
+    if ol and not (max(ol) <= 0.0 and sum(ol) > -FLOAT_LIMIT) and (min(ol) <= -FLOAT_LIMIT or max(ol) >= FLOAT_LIMIT):
+        _slow_logprobs(ol, where)
+
+
+def _slow_logprobs(ol: list[Any], where: str) -> None:
+    for k, x in enumerate(ol):
+        why = number_problem(x)
+        if why is not None:
+            raise SchemaError(f"{where}: output_logprobs[{k}] = {x!r} {why}")
+
+
+def _check_ids(ids: list[Any], where: str) -> None:
+    for k, x in enumerate(ids):
+        if type(x) is not int and type(x) is not bool:
+            raise SchemaError(f"{where}[{k}] = {x!r} is not an integer token id")
+        if not INT_MIN <= x <= INT_MAX:
+            raise SchemaError(f"{where}[{k}] = {x} is outside the 64-bit range {INT_MIN}..{INT_MAX}")
 
 
 @dataclass
@@ -147,7 +286,7 @@ class Episode:
         seed: Environment seed used by ``reset``.
         turns: All turns of the tree, in creation order.
         rewards: Named episode scores; ``None`` means "not scored".
-        stop_reason: Why the episode ended: "terminated", "max_turns", "max_tokens", "error", ...
+        stop_reason: Why the episode ended: one of :data:`STOP_REASONS` (see :data:`StopReason`).
         policy_version: Version of the policy that generated the episode.
         iteration: Training iteration that produced it (-1 for synthetic/eval data).
         source: Which stage produced it: "synth", "rl", "eval", ...
@@ -164,7 +303,7 @@ class Episode:
     seed: int | None = None
     turns: list[Turn] = field(default_factory=list)
     rewards: dict[str, float | None] = field(default_factory=dict)
-    stop_reason: str = ""
+    stop_reason: StopReason = ""
     policy_version: int = 0
     iteration: int = -1
     source: str = ""
@@ -222,33 +361,98 @@ class Episode:
         s = self.rewards.get("success")
         return None if s is None else s > 0
 
-    def validate(self) -> None:
-        """Check the record; raise :class:`SchemaError` naming the field and the fix."""
-        if self.schema_version > SCHEMA_VERSION:
+    def validate(self, *, packed: Sequence[bool] | None = None) -> None:
+        """Check the record; raise :class:`SchemaError` naming the field and the fix.
+
+        Checks the types the fields declare, the tree (unique turn ids, parents before children),
+        each turn (:meth:`Turn.validate`), and that every value is storable data as
+        :mod:`arborl.trajectory.values` defines it (the same rules for every store backend).
+
+        Args:
+            packed: Per turn, whether the canonical encoder packed all four of its token arrays
+                (:attr:`~arborl.trajectory.canonical.CanonicalTurn.packed`), which already proves
+                most array rules; the store passes it to skip those checks on its hot path.
+        """
+        eid = self.episode_id
+        if type(eid) is not str or not eid:
+            raise SchemaError(f"episode_id must be a non-empty string, got {eid!r}; give every episode a unique id")
+        where = f"episode {eid}"
+        sv = self.schema_version
+        check_int(sv, f"{where}: schema_version")
+        if sv > SCHEMA_VERSION:
             raise SchemaError(
-                f"episode {self.episode_id}: schema_version {self.schema_version} is newer than this "
-                f"arborl understands ({SCHEMA_VERSION}); upgrade arborl to read it")
-        if self.schema_version < 1:
-            raise SchemaError(f"episode {self.episode_id}: schema_version {self.schema_version} is invalid")
-        if not self.episode_id:
-            raise SchemaError("episode_id is empty; give every episode a unique id")
-        if not isinstance(self.task_type, str):
-            raise SchemaError(f"episode {self.episode_id}: task_type must be a string")
-        for k, v in self.rewards.items():
-            if v is not None and not math.isfinite(v):
-                raise SchemaError(
-                    f"episode {self.episode_id}: rewards[{k!r}] is {v}; use a finite number or None (not scored)")
+                f"{where}: schema_version {sv} is newer than this arborl understands ({SCHEMA_VERSION}); "
+                "upgrade arborl to read it")
+        if sv < 1:
+            raise SchemaError(f"{where}: schema_version {sv} is invalid")
+        texts = [eid, self.task_id, self.task_type, self.group_id, self.source, self.stop_reason]
+        if countOf(map(type, texts), str) != 6:
+            _raise_type(self, _EPISODE_TEXT, str, where)
+        if self.stop_reason not in STOP_REASONS:
+            raise SchemaError(f"{where}: stop_reason {self.stop_reason!r} is not one of {list(STOP_REASONS)}")
+        self._check_values(where, texts)
+        turns = self.turns
+        if type(turns) is not list:
+            raise SchemaError(f"{where}: turns must be a list of Turn, got {type(turns).__name__}")
         seen: set[str] = set()
-        for t in self.turns:
+        for k, t in enumerate(turns):
+            if type(t) is not Turn:
+                raise SchemaError(f"{where}: turns holds a {type(t).__name__}, not a Turn")
             if t.turn_id in seen:
-                raise SchemaError(f"episode {self.episode_id}: duplicate turn_id {t.turn_id}")
+                raise SchemaError(f"{where}: duplicate turn_id {t.turn_id}")
             if t.parent_id is not None and t.parent_id not in seen:
                 raise SchemaError(
-                    f"episode {self.episode_id}: turn {t.turn_id} names parent {t.parent_id}, which does "
-                    "not precede it; list parents before children"
-                )
+                    f"{where}: turn {t.turn_id} names parent {t.parent_id}, which does not precede it; "
+                    "list parents before children")
             seen.add(t.turn_id)
-            t.validate()
+            texts += t._checked_texts(packed is not None and packed[k])
+        try:
+            check_texts(texts, where)
+        except SchemaError:
+            self._raise_text_error(where)
+            raise
+
+    def _check_values(self, where: str, texts: list[str]) -> None:
+        """The numeric fields, tags, rewards and metadata (texts are added to ``texts``)."""
+        if self.seed is not None:
+            check_int(self.seed, f"{where}: seed")
+        for name in ("policy_version", "iteration"):  # 32-bit index columns
+            check_int(getattr(self, name), f"{where}: {name}", INT32_MIN, INT32_MAX)
+        check_number(self.created_at, f"{where}: created_at (a unix time)")
+        tags = self.tags
+        if type(tags) is not list or countOf(map(type, tags), str) != len(tags):
+            raise SchemaError(f"{where}: tags must be a list of strings, got {tags!r}")
+        texts += tags
+        rewards = self.rewards
+        if type(rewards) is not dict:
+            raise SchemaError(f"{where}: rewards must be a dict of name -> number or None, got {rewards!r}")
+        for k, v in rewards.items():
+            if type(k) is not str:
+                raise SchemaError(f"{where}: rewards has the key {k!r}; reward names are strings")
+            if v is not None and number_problem(v) is not None:
+                raise SchemaError(f"{where}: rewards[{k!r}] = {v!r} {number_problem(v)}; use a finite number or "
+                                  "None (not scored)")
+            texts.append(k)
+        if type(self.metadata) is not dict:
+            raise SchemaError(f"{where}: metadata must be a dict, got {type(self.metadata).__name__}")
+        if self.metadata:
+            check_json(self.metadata, f"{where}: metadata")
+
+    def _raise_text_error(self, where: str) -> None:
+        """Name the field of the first text that cannot be stored (the slow path of :meth:`validate`)."""
+        named = [(name, getattr(self, name)) for name in _EPISODE_TEXT]
+        named += [(f"tags[{k}]", v) for k, v in enumerate(self.tags)]
+        named += [(f"rewards key {k!r}", k) for k in self.rewards]
+        for t in self.turns:
+            named += [(f"turn {t.turn_id}: {name}", getattr(t, name)) for name in _TURN_TEXT]
+            named += [(f"turn {t.turn_id}: media[{k}].{a}", getattr(m, a)) for k, m in enumerate(t.media)
+                      for a in ("url", "mime", "sha256")]
+            if t.tool_call is not None:
+                named += [(f"turn {t.turn_id}: tool_call.{a}", getattr(t.tool_call, a)) for a in ("name", "call_id")]
+        for name, v in named:
+            why = None if v is None else text_problem(v)
+            if why is not None:
+                raise SchemaError(f"{where}: {name} = {v!r:.60} {why}; remove or replace it before storing")
 
     # --- serialization ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -257,8 +461,8 @@ class Episode:
         Token lists are copied with ``list()`` and free-form extras only when non-empty, so the
         result shares no mutable object with the episode at a fraction of ``asdict``'s cost.
         """
-        d = {name: _plain(getattr(self, name)) for name in _EPISODE_SCALARS}
-        d["turns"] = [{name: _plain(getattr(t, name)) for name in _TURN_FIELDS} for t in self.turns]
+        d = {name: plain(getattr(self, name)) for name in EPISODE_FIELDS}
+        d["turns"] = [{name: plain(getattr(t, name)) for name in TURN_FIELDS} for t in self.turns]
         return d
 
     def to_json(self) -> str:
@@ -296,38 +500,24 @@ class Episode:
     def from_json(cls, text: str | bytes) -> Episode:
         return cls.from_dict(json.loads(text))
 
-    def content_hash(self) -> str:
-        """sha256 of the episode's content, independent of ids, timestamps and grouping.
-
-        Two episodes with the same task, same turns (tokens, log-prob bits, masks, actions,
-        results, rewards) and the same tree shape hash equal, whatever their ``episode_id``,
-        turn ids, ``created_at``, ``group_id``, ``iteration``, ``tags``, ``metadata`` and turn
-        ``timings``: the store uses this for deduplication. Any other change (one token id, one
-        bit of one log-prob, one mask value, an action, a reward) changes the hash. The hashed
-        bytes are :mod:`arborl.trajectory.canonical`'s ``canonical_episode``.
-        """
-        from arborl.trajectory.canonical import canonical_episode, canonical_turns  # it imports this module
-
-        return hashlib.sha256(canonical_episode(self, canonical_turns(self))).hexdigest()
-
 
 _SCALARS = frozenset((str, int, float, bool, type(None)))
 
 
-def _plain(v: Any) -> Any:
+def plain(v: Any) -> Any:
     """``dataclasses.asdict``'s conversion of one value: containers copied, dataclasses as dicts."""
     t = type(v)
     if t in _SCALARS:
         return v
     if t is list:
-        return list(v) if _SCALARS.issuperset(map(type, v)) else [_plain(x) for x in v]
+        return list(v) if _SCALARS.issuperset(map(type, v)) else [plain(x) for x in v]
     if t is ToolCall:
-        return {"name": v.name, "arguments": _plain(v.arguments), "call_id": v.call_id}
+        return {"name": v.name, "arguments": plain(v.arguments), "call_id": v.call_id}
     if t is dict:
-        return {k: _plain(x) for k, x in v.items()}
+        return {k: plain(x) for k, x in v.items()}
     if is_dataclass(v) and not isinstance(v, type):
         return asdict(v)
-    return tuple(_plain(x) for x in v) if t is tuple else copy.deepcopy(v)  # anything else: as asdict does
+    return tuple(plain(x) for x in v) if t is tuple else copy.deepcopy(v)  # anything else: as asdict does
 
 
 def _check_keys(d: dict[str, Any], cls: type, where: str) -> None:
@@ -340,8 +530,12 @@ def _check_keys(d: dict[str, Any], cls: type, where: str) -> None:
         raise SchemaError(f"{where} is missing field(s) {sorted(missing)}")
 
 
-_TURN_FIELDS = tuple(f.name for f in fields(Turn))
-_EPISODE_SCALARS = tuple(f.name for f in fields(Episode) if f.name != "turns")
+TURN_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Turn))
+"""The fields of :class:`Turn`, in declaration order (see docs/trajectory.md before adding one)."""
+EPISODE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Episode) if f.name != "turns")
+"""The fields of :class:`Episode` other than ``turns``, in declaration order."""
+_EPISODE_TEXT = ("episode_id", "task_id", "task_type", "group_id", "source", "stop_reason")
+_TURN_TEXT = ("turn_id", "observation", "action_text", *_TURN_OPTIONAL_TEXT)
 
 
 @dataclass
