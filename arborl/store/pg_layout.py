@@ -88,18 +88,17 @@ def period_bounds(period: str, t: float) -> tuple[float, float, str]:
     """(start, end, suffix) of the UTC period containing unix time ``t``."""
     d = datetime.fromtimestamp(t, tz=UTC)
     if period == "day":
-        lo = d.replace(hour=0, minute=0, second=0, microsecond=0)
-        hi = lo + timedelta(days=1)
+        lo, days = d.replace(hour=0, minute=0, second=0, microsecond=0), 1
         suffix = lo.strftime("%Y%m%d")
     elif period == "week":
-        lo = (d - timedelta(days=d.weekday())).replace(hour=0, minute=0, second=0, microsecond=0)
-        hi = lo + timedelta(days=7)
+        lo, days = (d - timedelta(days=d.weekday())).replace(hour=0, minute=0, second=0, microsecond=0), 7
         suffix = lo.strftime("w%Y%m%d")
     else:
         lo = d.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-        hi = lo + timedelta(days=calendar.monthrange(lo.year, lo.month)[1])
+        days = calendar.monthrange(lo.year, lo.month)[1]
         suffix = lo.strftime("m%Y%m")
-    return lo.timestamp(), hi.timestamp(), suffix
+    # the end in seconds, not as a datetime: the period after December 9999 has no datetime
+    return lo.timestamp(), lo.timestamp() + days * 86400.0, suffix
 
 
 def ensure_partitions(cur: Any, period: str, times: Iterable[float]) -> None:

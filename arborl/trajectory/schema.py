@@ -56,6 +56,8 @@ StopReason = Literal["", "terminated", "truncated", "max_turns", "max_context", 
   (``metadata["error"]``) or its last turn (``Turn.error``);
 * ``""``: not recorded (an episode built by hand, or still running).
 """
+UNIX_TIME_MIN, UNIX_TIME_MAX = -62_135_596_800, 253_402_300_799
+"""``Episode.created_at`` range: the unix times of 0001-01-01 and 9999-12-31 23:59:59 UTC (``datetime``'s)."""
 STOP_REASONS: tuple[str, ...] = get_args(StopReason)
 """The values of :data:`StopReason`; :meth:`Episode.validate` refuses any other."""
 
@@ -419,6 +421,9 @@ class Episode:
         for name in ("policy_version", "iteration"):  # 32-bit index columns
             check_int(getattr(self, name), f"{where}: {name}", INT32_MIN, INT32_MAX)
         check_number(self.created_at, f"{where}: created_at (a unix time)")
+        if not UNIX_TIME_MIN <= self.created_at <= UNIX_TIME_MAX:  # time partitions and exports use datetime
+            raise SchemaError(f"{where}: created_at = {self.created_at!r} is not a unix time of the years 1 to 9999 "
+                              f"({UNIX_TIME_MIN}..{UNIX_TIME_MAX})")
         tags = self.tags
         if type(tags) is not list or countOf(map(type, tags), str) != len(tags):
             raise SchemaError(f"{where}: tags must be a list of strings, got {tags!r}")
