@@ -21,10 +21,9 @@ import json
 import math
 import time
 import uuid
-from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from operator import countOf
+from operator import countOf, itemgetter
 from typing import Any, Literal, get_args
 
 from arborl.trajectory.values import (
@@ -36,9 +35,12 @@ from arborl.trajectory.values import (
     SchemaError,
     check_int,
     check_json,
+    check_logprob_values,
     check_number,
     check_texts,
+    check_token_arrays,
     number_problem,
+    raise_type,
     text_problem,
 )
 
@@ -159,121 +161,84 @@ class Turn:
         of one length, int32 ids, finite float log-probs, a 0/1 mask): only the log-prob rules
         packing does not cover are checked.
         """
-        where = f"turn {self.turn_id}"
-        texts = [self.turn_id, self.observation, self.action_text,
-                 *[v for v in (self.parent_id, self.action, self.result, self.state_key, self.error) if v is not None]]
-        if countOf(map(type, texts), str) != len(texts):
-            _raise_type(self, ("turn_id", "observation", "action_text"), str, where)
-            _raise_type(self, _TURN_OPTIONAL_TEXT, str, where, optional=True)
-        if not (type(self.valid) is bool and type(self.terminated) is bool and type(self.truncated) is bool):
-            _raise_type(self, ("valid", "terminated", "truncated"), bool, where)
-        i, pv = self.index, self.policy_version
-        if not (type(i) is int and type(pv) is int and INT_MIN <= i <= INT_MAX and INT_MIN <= pv <= INT_MAX):
-            check_int(i, f"{where}: index")
-            check_int(pv, f"{where}: policy_version")
-        r = self.reward
-        if not (type(r) is float and -FLOAT_LIMIT < r < FLOAT_LIMIT and (r or math.copysign(1.0, r) > 0)):
-            check_number(r, f"{where}: reward (step rewards must be finite numbers)")
-        if packed:
-            _check_logprob_values(self.output_logprobs, where)
-        else:
-            _check_arrays(self, where)
-        timings, info = self.timings, self.info
-        if type(timings) is not dict or type(info) is not dict:
-            _raise_type(self, ("timings", "info"), dict, where)
-        if timings:
-            check_json(timings, f"{where}: timings")
-        if info:
-            check_json(info, f"{where}: info")
-        if self.media or self.tool_call is not None or type(self.media) is not list:
-            self._check_refs(where, texts)
+        values = tuple(self.__dict__.values())
+        signature = tuple(map(type, values))  # the field types, checked once per distinct signature
+        pick = _TEXTS_OF.get(signature)
+        if pick is None:
+            self._check_types()
+            pick = _TEXTS_OF[signature] = itemgetter(*[k for k, t in enumerate(signature) if t is str])
+        texts = [*pick(values)]
+        i, pv, r = self.index, self.policy_version, self.reward
+        if not (INT_MIN <= i <= INT_MAX and INT_MIN <= pv <= INT_MAX):
+            check_int(i, f"turn {self.turn_id}: index")
+            check_int(pv, f"turn {self.turn_id}: policy_version")
+        if not (-FLOAT_LIMIT < r < FLOAT_LIMIT and (r or math.copysign(1.0, r) > 0)):
+            check_number(r, f"turn {self.turn_id}: reward (step rewards must be finite numbers)")
+        ol = self.output_logprobs
+        if not packed:
+            check_token_arrays(self, f"turn {self.turn_id}")
+        elif ol and not (max(ol) <= 0.0 and sum(ol) > -FLOAT_LIMIT):  # log-probs <= 0 lie between the sum and 0
+            check_logprob_values(ol, f"turn {self.turn_id}")
+        if self.timings:
+            check_json(self.timings, f"turn {self.turn_id}: timings")
+        if self.info:
+            check_json(self.info, f"turn {self.turn_id}: info")
+        tc = self.tool_call
+        if tc is not None:
+            args = tc.arguments
+            n = len(args) if type(args) is dict else -1
+            if (type(tc.name) is str and tc.call_id is None and countOf(map(type, args), str) == n
+                    and countOf(map(type, args.values()), str) == n):  # the usual call: flat str arguments
+                texts.append(tc.name)
+                texts += args
+                texts += args.values()
+            else:
+                self._check_tool_call(f"turn {self.turn_id}", texts)
+        if self.media:
+            self._check_media(f"turn {self.turn_id}", texts)
         return texts
 
-    def _check_refs(self, where: str, texts: list[str]) -> None:
-        """``media`` and ``tool_call``: the schema's own types, with storable contents."""
-        media = self.media
-        if type(media) is not list:
-            raise SchemaError(f"{where}: media must be a list of MediaRef, got {type(media).__name__}")
-        for k, m in enumerate(media):
+    def _check_types(self) -> None:
+        """Each field of the type it declares (the slow path of :meth:`_checked_texts`, once per type signature)."""
+        where = f"turn {self.turn_id}"
+        raise_type(self, ("turn_id", "observation", "action_text"), str, where)
+        raise_type(self, _TURN_OPTIONAL_TEXT, str, where, optional=True)
+        raise_type(self, ("valid", "terminated", "truncated"), bool, where)
+        raise_type(self, ("index", "policy_version"), int, where)
+        raise_type(self, ("timings", "info"), dict, where)
+        raise_type(self, ("media",), list, where)
+        if type(self.reward) not in (int, float):
+            raise SchemaError(f"{where}: reward must be a number, got {self.reward!r}")
+        if self.tool_call is not None and type(self.tool_call) is not ToolCall:
+            raise SchemaError(f"{where}: tool_call must be a ToolCall or None, got {self.tool_call!r}")
+
+    def _check_media(self, where: str, texts: list[str]) -> None:
+        """``media``: MediaRefs with str fields (their texts join ``texts``)."""
+        for k, m in enumerate(self.media):
             if type(m) is not MediaRef or type(m.url) is not str or type(m.mime) is not str or (
                     m.sha256 is not None and type(m.sha256) is not str):
                 raise SchemaError(f"{where}: media[{k}] must be a MediaRef with str url, mime and sha256 (or None), "
                                   f"got {m!r}")
             texts += (m.url, m.mime) if m.sha256 is None else (m.url, m.mime, m.sha256)
+
+    def _check_tool_call(self, where: str, texts: list[str]) -> None:
+        """``tool_call``: a str name and call_id (or None), storable arguments (texts join ``texts``)."""
         tc = self.tool_call
-        if tc is None:
-            return
-        if type(tc) is not ToolCall or type(tc.name) is not str or (tc.call_id is not None and type(tc.call_id) is not str):
+        if type(tc.name) is not str or (tc.call_id is not None and type(tc.call_id) is not str):
             raise SchemaError(f"{where}: tool_call must be a ToolCall with a str name and call_id (or None), got {tc!r}")
-        if type(tc.arguments) is not dict:
-            raise SchemaError(f"{where}: tool_call.arguments must be a dict, got {type(tc.arguments).__name__}")
+        args = tc.arguments
+        if type(args) is not dict:
+            raise SchemaError(f"{where}: tool_call.arguments must be a dict, got {type(args).__name__}")
         texts.append(tc.name)
         if tc.call_id is not None:
             texts.append(tc.call_id)
-        if tc.arguments:
-            check_json(tc.arguments, f"{where}: tool_call.arguments")
+        if args:
+            check_json(args, f"{where}: tool_call.arguments")
 
 
 _TURN_OPTIONAL_TEXT = ("parent_id", "action", "result", "state_key", "error")
-
-
-def _raise_type(obj: Any, names: tuple[str, ...], want: type, where: str, optional: bool = False) -> None:
-    """Raise naming the first of ``names`` whose value is not of type ``want`` (or None, if ``optional``)."""
-    for name in names:
-        v = getattr(obj, name)
-        if type(v) is not want and not (optional and v is None):
-            raise SchemaError(f"{where}: {name} must be a {want.__name__}{' or None' if optional else ''}, got {v!r}")
-
-
-def _check_arrays(t: Turn, where: str) -> None:
-    """The four token arrays: lists of one length per output token, storable ints and floats, 0/1 masks."""
-    oi, ol, om, pi = t.output_ids, t.output_logprobs, t.output_mask, t.prompt_ids
-    if not (type(oi) is list and type(ol) is list and type(om) is list and type(pi) is list):
-        for name in ("output_ids", "output_logprobs", "output_mask", "prompt_ids"):
-            v = getattr(t, name)
-            if type(v) is not list:
-                raise SchemaError(f"{where}: {name} must be a list (a {type(v).__name__} would read back as a list)")
-    n = len(oi)
-    if len(ol) != n:
-        raise SchemaError(
-            f"{where}: output_logprobs has {len(ol)} entries but output_ids has {n}; "
-            "record one behaviour log-prob per generated token")
-    if len(om) != n:
-        raise SchemaError(
-            f"{where}: output_mask has {len(om)} entries but output_ids has {n}; "
-            "record one mask value (0/1) per generated token")
-    for name, ids in (("output_ids", oi), ("prompt_ids", pi)):
-        try:
-            array("q", ids)  # one C pass: every id an int (or bool) within 64 bits
-        except (TypeError, OverflowError):
-            _check_ids(ids, f"{where}: {name}")
-    if countOf(map(type, ol), float) != n or (t := sum(ol)) - t != 0.0 or 0.0 in ol:  # else each value is looked at
-        _slow_logprobs(ol, where)
-    _check_logprob_values(ol, where)
-    if countOf(om, 0) + countOf(om, 1) != n:  # m in (0, 1)
-        raise SchemaError(f"{where}: output_mask values must be 0 or 1")
-
-
-def _check_logprob_values(ol: list[float], where: str) -> None:
-    """Finite floats, no -0.0: refuse a magnitude of FLOAT_LIMIT or more (in C passes in the usual case)."""
-    # log-probs are <= 0: then every value lies between the (finite) sum and 0
-    if ol and not (max(ol) <= 0.0 and sum(ol) > -FLOAT_LIMIT) and (min(ol) <= -FLOAT_LIMIT or max(ol) >= FLOAT_LIMIT):
-        _slow_logprobs(ol, where)
-
-
-def _slow_logprobs(ol: list[Any], where: str) -> None:
-    for k, x in enumerate(ol):
-        why = number_problem(x)
-        if why is not None:
-            raise SchemaError(f"{where}: output_logprobs[{k}] = {x!r} {why}")
-
-
-def _check_ids(ids: list[Any], where: str) -> None:
-    for k, x in enumerate(ids):
-        if type(x) is not int and type(x) is not bool:
-            raise SchemaError(f"{where}[{k}] = {x!r} is not an integer token id")
-        if not INT_MIN <= x <= INT_MAX:
-            raise SchemaError(f"{where}[{k}] = {x} is outside the 64-bit range {INT_MIN}..{INT_MAX}")
+_TEXTS_OF: dict[tuple[type, ...], Callable[[tuple[Any, ...]], tuple[str, ...]]] = {}
+"""Per type signature of a Turn's fields that passed :meth:`Turn._check_types`: which values are texts."""
 
 
 @dataclass
@@ -389,7 +354,7 @@ class Episode:
             raise SchemaError(f"{where}: schema_version {sv} is invalid")
         texts = [eid, self.task_id, self.task_type, self.group_id, self.source, self.stop_reason]
         if countOf(map(type, texts), str) != 6:
-            _raise_type(self, _EPISODE_TEXT, str, where)
+            raise_type(self, _EPISODE_TEXT, str, where)
         if self.stop_reason not in STOP_REASONS:
             raise SchemaError(f"{where}: stop_reason {self.stop_reason!r} is not one of {list(STOP_REASONS)}")
         self._check_values(where, texts)
@@ -503,6 +468,7 @@ class Episode:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Episode:
+        """Inverse of :meth:`to_json`."""
         return cls.from_dict(json.loads(text))
 
 

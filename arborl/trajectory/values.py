@@ -22,6 +22,7 @@ This module knows nothing of the record types (:mod:`arborl.trajectory.schema` b
 from __future__ import annotations
 
 import math
+from array import array
 from operator import countOf
 from typing import Any
 
@@ -109,6 +110,67 @@ def check_json(value: Any, where: str) -> None:
     """
     if not _ok(value, 0):
         raise SchemaError(_problem(value, where, 0) or f"{where} cannot be stored")
+
+
+# --- token arrays (the rules of Turn's four arrays, on the usual path in C passes) --------------
+def raise_type(obj: Any, names: tuple[str, ...], want: type, where: str, optional: bool = False) -> None:
+    """Raise naming the first of ``names`` whose value is not of type ``want`` (or None, if ``optional``)."""
+    for name in names:
+        v = getattr(obj, name)
+        if type(v) is not want and not (optional and v is None):
+            raise SchemaError(f"{where}: {name} must be a {want.__name__}{' or None' if optional else ''}, got {v!r}")
+
+
+def check_token_arrays(t: Any, where: str) -> None:
+    """A turn's four token arrays: lists, one log-prob and one mask value per output id, storable
+    ints and floats, a 0/1 mask; raise :class:`SchemaError` naming the first that is not."""
+    oi, ol, om, pi = t.output_ids, t.output_logprobs, t.output_mask, t.prompt_ids
+    if not (type(oi) is list and type(ol) is list and type(om) is list and type(pi) is list):
+        for name in ("output_ids", "output_logprobs", "output_mask", "prompt_ids"):
+            v = getattr(t, name)
+            if type(v) is not list:
+                raise SchemaError(f"{where}: {name} must be a list (a {type(v).__name__} would read back as a list)")
+    n = len(oi)
+    if len(ol) != n:
+        raise SchemaError(
+            f"{where}: output_logprobs has {len(ol)} entries but output_ids has {n}; "
+            "record one behaviour log-prob per generated token")
+    if len(om) != n:
+        raise SchemaError(
+            f"{where}: output_mask has {len(om)} entries but output_ids has {n}; "
+            "record one mask value (0/1) per generated token")
+    for name, ids in (("output_ids", oi), ("prompt_ids", pi)):
+        try:
+            array("q", ids)  # one C pass: every id an int (or bool) within 64 bits
+        except (TypeError, OverflowError):
+            _check_ids(ids, f"{where}: {name}")
+    if countOf(map(type, ol), float) != n or (t := sum(ol)) - t != 0.0 or 0.0 in ol:  # else each value is looked at
+        _slow_logprobs(ol, where)
+    check_logprob_values(ol, where)
+    if countOf(om, 0) + countOf(om, 1) != n:  # m in (0, 1)
+        raise SchemaError(f"{where}: output_mask values must be 0 or 1")
+
+
+def check_logprob_values(ol: list[float], where: str) -> None:
+    """Finite floats, no -0.0: refuse a magnitude of FLOAT_LIMIT or more (in C passes in the usual case)."""
+    # log-probs are <= 0: then every value lies between the (finite) sum and 0
+    if ol and not (max(ol) <= 0.0 and sum(ol) > -FLOAT_LIMIT) and (min(ol) <= -FLOAT_LIMIT or max(ol) >= FLOAT_LIMIT):
+        _slow_logprobs(ol, where)
+
+
+def _slow_logprobs(ol: list[Any], where: str) -> None:
+    for k, x in enumerate(ol):
+        why = number_problem(x)
+        if why is not None:
+            raise SchemaError(f"{where}: output_logprobs[{k}] = {x!r} {why}")
+
+
+def _check_ids(ids: list[Any], where: str) -> None:
+    for k, x in enumerate(ids):
+        if type(x) is not int and type(x) is not bool:
+            raise SchemaError(f"{where}[{k}] = {x!r} is not an integer token id")
+        if not INT_MIN <= x <= INT_MAX:
+            raise SchemaError(f"{where}[{k}] = {x} is outside the 64-bit range {INT_MIN}..{INT_MAX}")
 
 
 def _ok(v: Any, depth: int) -> bool:
