@@ -373,7 +373,8 @@ def _inspect(path: Path, create: bool) -> bool:
     """Whether ``path`` is an arborl store; ``False`` for a new store (missing or empty file, with ``create``).
 
     Reads the file without changing it (SQLite's ``immutable`` mode takes no locks and writes no
-    ``-wal``/``-shm`` files), and only then lets the store open it for writing.
+    ``-wal``/``-shm`` files; a WAL database whose ``-wal`` file exists is being used, and is read
+    as any reader reads it), and only then lets the store open it for writing.
 
     Raises:
         StoreError: the file is missing or empty and not ``create``, is not an SQLite database, or
@@ -387,11 +388,15 @@ def _inspect(path: Path, create: bool) -> bool:
             return False
         raise StoreError(f"no store at {path}" + ("" if size is None else " (the file is empty)"))
     with path.open("rb") as f:
-        header = f.read(len(_SQLITE_HEADER))
-    if header != _SQLITE_HEADER:
+        header = f.read(20)
+    if header[:len(_SQLITE_HEADER)] != _SQLITE_HEADER:
         raise StoreError(f"{path} is not an SQLite database (it does not start with SQLite's header), so not an "
                          "arborl store; point the store URL at an arborl store or at a new file")
-    db = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro&immutable=1", uri=True)
+    # A WAL database in use (its -wal file exists) may hold its tables in the WAL only (a new store
+    # before its first checkpoint): read it as any reader does, which the -wal file's owner allows.
+    in_use = header[18:19] == b"\x02" and Path(f"{path}-wal").exists()
+    mode = "mode=ro" if in_use else "mode=ro&immutable=1"
+    db = sqlite3.connect(f"file:{quote(str(path.resolve()))}?{mode}", uri=True)
     try:
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         layout = _layout_row(db) if "store_meta" in tables else None

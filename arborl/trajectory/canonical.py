@@ -89,9 +89,9 @@ class CanonicalTurn(NamedTuple):
         rest: ``{head,mid,tail}``: the turn's JSON without its four token arrays.
         record: The turn's frames of :func:`canonical_episode`.
         packed: The usual turn: all four token arrays packed in one go, so they are lists of
-            exact-type values (int32 ids, finite float log-probs, none of them -0.0, a 0/1 mask)
-            and the three output arrays have one length (:meth:`Episode.validate` then skips
-            those checks).
+            exact-type values (int32 ids, finite float log-probs of magnitude below 2**49 and
+            none of them -0.0, a 0/1 mask) and the three output arrays have one length
+            (:meth:`Episode.validate` then skips the array checks).
     """
 
     head: str
@@ -166,17 +166,27 @@ def _packed_record(rest: str, oi: Any, ol: Any, om: Any, pi: Any) -> bytes | Non
 
 
 _NEGATIVE_ZERO = struct.pack("<d", -0.0)
+# The high byte of a little-endian float64 is its sign and the top 7 bits of its exponent: below
+# 0x43 (0xC3 with the sign) the magnitude is under 2**49, well inside values.FLOAT_LIMIT (1e16).
+_SMALL_HIGH_BYTES = bytes([*range(0x43), *range(0x80, 0xC3)])
 
 
-def _negative_zero(record: bytes, rest_len: int, n: int) -> bool:
-    """Whether the log-prob frame of a :func:`_packed_record` holds a -0.0 (one C search of its bytes)."""
+def _storable_logprobs(record: bytes, rest_len: int, n: int, values: list[float]) -> bool:
+    """Whether the packed log-probs of a :func:`_packed_record` are clearly storable: none is -0.0
+    and all are far below values.FLOAT_LIMIT (two C scans of their bytes). ``False`` leaves the
+    exact decision to :meth:`Episode.validate`."""
     start = 9 + rest_len + 9 + 4 * n + 9
-    k = record.find(_NEGATIVE_ZERO, start, start + 8 * n)
+    end = start + 8 * n
+    if record[start + 7:end:8].translate(None, _SMALL_HIGH_BYTES):
+        return False  # a magnitude of 2**49 or more somewhere
+    if 0.0 not in values:
+        return True
+    k = record.find(_NEGATIVE_ZERO, start, end)
     while k >= 0:
         if (k - start) % 8 == 0:
-            return True
-        k = record.find(_NEGATIVE_ZERO, k + 1, start + 8 * n)
-    return False
+            return False
+        k = record.find(_NEGATIVE_ZERO, k + 1, end)
+    return True
 
 
 def _json(v: Any) -> str:
@@ -431,7 +441,7 @@ def canonical_turns(ep: Episode) -> list[CanonicalTurn]:
                 f'"tool_call":{tool},"truncated":{trunc},"turn_id":{i},"valid":{valid}')
         rest = f"{{{head},{mid},{tail}}}"
         record = _packed_record(rest, t.output_ids, t.output_logprobs, t.output_mask, t.prompt_ids)
-        packed = record is not None and not (0.0 in t.output_logprobs and _negative_zero(record, len(rest), len(t.output_ids)))
+        packed = record is not None and _storable_logprobs(record, len(rest), len(t.output_ids), t.output_logprobs)
         if record is None:  # not plain lists of exact values: the general rule decides, array by array
             record = _record(rest, (pack_array(t.output_ids, "i"), pack_array(t.output_logprobs, "d"),
                                     pack_array(t.output_mask, "b"), pack_array(t.prompt_ids, "i")))

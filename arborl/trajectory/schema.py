@@ -35,7 +35,6 @@ from arborl.trajectory.values import (
     SchemaError,
     check_int,
     check_json,
-    check_logprob_values,
     check_number,
     check_texts,
     check_token_arrays,
@@ -157,9 +156,9 @@ class Turn:
     def _checked_texts(self, packed: bool = False) -> list[str]:
         """Check everything but the text content; return the texts to check (in one pass, by the caller).
 
-        With ``packed``, the token arrays are known to be what the canonical encoder packs (lists
-        of one length, int32 ids, finite float log-probs, a 0/1 mask): only the log-prob rules
-        packing does not cover are checked.
+        With ``packed``, the token arrays are known to be what the canonical encoder packs and
+        flags as storable (:attr:`~arborl.trajectory.canonical.CanonicalTurn.packed`), and are
+        not checked again.
         """
         values = tuple(self.__dict__.values())
         signature = tuple(map(type, values))  # the field types, checked once per distinct signature
@@ -174,11 +173,8 @@ class Turn:
             check_int(pv, f"turn {self.turn_id}: policy_version")
         if not (-FLOAT_LIMIT < r < FLOAT_LIMIT and (r or math.copysign(1.0, r) > 0)):
             check_number(r, f"turn {self.turn_id}: reward (step rewards must be finite numbers)")
-        ol = self.output_logprobs
         if not packed:
             check_token_arrays(self, f"turn {self.turn_id}")
-        elif ol and not (max(ol) <= 0.0 and sum(ol) > -FLOAT_LIMIT):  # log-probs <= 0 lie between the sum and 0
-            check_logprob_values(ol, f"turn {self.turn_id}")
         if self.timings:
             check_json(self.timings, f"turn {self.turn_id}: timings")
         if self.info:

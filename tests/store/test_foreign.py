@@ -123,6 +123,18 @@ def test_read_only_store_reads_and_refuses_writes(tmp_path):
     assert not (tmp_path / "traj.db.blobs").exists()  # the blob folder is made by the first media put
 
 
+def test_a_new_store_still_in_its_wal_opens_read_only(tmp_path):
+    # a writer that has not checkpointed yet holds the tables in traj.db-wal only
+    writer = open_store(f"sqlite:///{tmp_path}/traj.db")
+    try:
+        writer.put_many([make_episode(1)])
+        assert (tmp_path / "traj.db-wal").exists()
+        with open_store(f"sqlite:///{tmp_path}/traj.db", read_only=True) as reader:
+            assert reader.count() == 1
+    finally:
+        writer.close()
+
+
 def test_open_store_in_train_refuses_an_unknown_scheme_with_a_store_error():
     with pytest.raises(StoreError, match="unsupported store URL 'mysql://") as e:
         open_store("mysql://u@h/db")

@@ -55,6 +55,7 @@ BAD = [
     ("created_at in the year 47 million", _set("created_at", 1.5e15), "not a unix time of the years 1 to 9999"),
     ("float 1e16 in info", _set("turn.info", {"x": 1e16}), "info['x'] = 1e+16 has magnitude"),
     ("-0.0 log-prob", _set("turn.output_logprobs", [-0.5, -0.0]), "output_logprobs[1] = -0.0 is -0.0"),
+    ("log-prob -1e17", _set("turn.output_logprobs", [-0.5, -1e17]), "output_logprobs[1] = -1e+17 has magnitude"),
     ("-0.0 reward", _set("turn.reward", -0.0), "reward"),
     ("tuple in info", _set("turn.info", {"pos": (1, 2)}), "info['pos'] is a tuple"),
     ("tuple of token ids", _set("turn.prompt_ids", (1, 2)), "prompt_ids must be a list"),
@@ -85,7 +86,8 @@ def test_accepted_edge_values_read_back_exactly(store_url):
     t.info = {"limit": 9007199254740992.0, "tiny": 5e-324, "neg": -1e-300, "one": 1.0, "int": 1, "b": [True, None]}
     t.observation = "naïve \u2028 😀 \\u0000 (an escaped NUL is fine)"
     t.prompt_ids = [2**40, -1, 2**63 - 1]  # beyond int32: kept as JSON, exactly
-    t.output_logprobs = [0.0, -1e-300]
+    t.output_ids, t.output_mask = [1, 2, 3], [1, 1, 0]
+    t.output_logprobs = [0.0, -1e-300, -(2.0**50)]  # 2**50 is past the encoder's quick bound, below the limit
     with open_store(store_url) as store:
         store.put_many([ep])
         back = store.get(ep.episode_id)
