@@ -150,7 +150,7 @@ def prepare(item: Episode | dict[str, Any]) -> Prepared:
     if not isinstance(ep, Episode):
         raise SchemaError(f"put_many takes Episode objects or episode dicts, got {type(ep).__name__}")
     canon = _canonical(ep)
-    ep.validate(packed=[c.packed for c in canon])
+    ep.validate(checked=[c.checked for c in canon])
     turns = _turn_cols(ep, canon)
     meta = _meta(ep)
     path_rewards = [t[3] for t in turns if t[0] is not None]  # creation order is root-to-leaf order on a path

@@ -88,10 +88,13 @@ class CanonicalTurn(NamedTuple):
         tail: ``"result":...`` through ``"valid":...`` (keys after ``prompt_ids``).
         rest: ``{head,mid,tail}``: the turn's JSON without its four token arrays.
         record: The turn's frames of :func:`canonical_episode`.
-        packed: The usual turn: all four token arrays packed in one go, so they are lists of
-            exact-type values (int32 ids, finite float log-probs of magnitude below 2**49 and
-            none of them -0.0, a 0/1 mask) and the three output arrays have one length
-            (:meth:`Episode.validate` then skips the array checks).
+        checked: The usual turn, proven storable in passing (:meth:`Episode.validate` then checks
+            only what this leaves open): every scalar field of its declared type (str, int, bool,
+            a finite float, ``None`` where optional, a dict, a list, a ToolCall); no ``\\u``
+            escape in the JSON text (so no NUL and no surrogate; non-ASCII text goes the full
+            way); all four token arrays packed in one go, so
+            lists of exact-type values (int32 ids, finite float log-probs of magnitude below
+            2**49 and none -0.0, a 0/1 mask) of one length for the three output arrays.
     """
 
     head: str
@@ -99,7 +102,7 @@ class CanonicalTurn(NamedTuple):
     tail: str
     rest: str
     record: bytes
-    packed: bool
+    checked: bool
 
     @property
     def arrays(self) -> tuple[bytes | str, ...]:
@@ -165,28 +168,10 @@ def _packed_record(rest: str, oi: Any, ol: Any, om: Any, pi: Any) -> bytes | Non
     return b"".join((_FRAME(b"t", len(r)), r, outputs, prompts))
 
 
-_NEGATIVE_ZERO = struct.pack("<d", -0.0)
-# The high byte of a little-endian float64 is its sign and the top 7 bits of its exponent: below
-# 0x43 (0xC3 with the sign) the magnitude is under 2**49, well inside values.FLOAT_LIMIT (1e16).
-_SMALL_HIGH_BYTES = bytes([*range(0x43), *range(0x80, 0xC3)])
-
-
-def _storable_logprobs(record: bytes, rest_len: int, n: int, values: list[float]) -> bool:
-    """Whether the packed log-probs of a :func:`_packed_record` are clearly storable: none is -0.0
-    and all are far below values.FLOAT_LIMIT (two C scans of their bytes). ``False`` leaves the
-    exact decision to :meth:`Episode.validate`."""
-    start = 9 + rest_len + 9 + 4 * n + 9
-    end = start + 8 * n
-    if record[start + 7:end:8].translate(None, _SMALL_HIGH_BYTES):
-        return False  # a magnitude of 2**49 or more somewhere
-    if 0.0 not in values:
-        return True
-    k = record.find(_NEGATIVE_ZERO, start, end)
-    while k >= 0:
-        if (k - start) % 8 == 0:
-            return False
-        k = record.find(_NEGATIVE_ZERO, k + 1, end)
-    return True
+# The high byte of a little-endian float64 is its sign and the top 7 bits of its exponent. Below
+# 0x43 (0xC3 with the sign) the magnitude is under 2**49, well inside values.FLOAT_LIMIT (1e16);
+# 0x80 is the high byte of -0.0 (and of negative numbers below 2**-1007), which is left out too.
+_CLEAR_HIGH_BYTES = bytes([*range(0x43), *range(0x81, 0xC3)])
 
 
 def _json(v: Any) -> str:
@@ -399,40 +384,48 @@ def canonical_turns(ep: Episode) -> list[CanonicalTurn]:
     out = []
     esc, irepr, frepr, js, tc_js = encode_basestring_ascii, int.__repr__, float.__repr__, _json, _tool_call_json
     new_turn = partial(tuple.__new__, CanonicalTurn)  # CanonicalTurn(...) without its Python-level __new__
+    n_odd = 0
+
+    def odd(v: Any) -> str:  # a field not of its declared type: formatted all the same, and counted
+        nonlocal n_odd
+        n_odd += 1
+        return js(v)
+
     for i, t in enumerate(ep.turns):
+        n_odd = 0
         # Each field formatted inline for its usual type (str, int, bool, None, an empty dict or
         # list, a finite float) and through _json otherwise: the same text _CANON gives, without
         # a function call per field. The keys are spelled out: an f-string beats a join over them.
         v = t.action
-        action = esc(v) if type(v) is str else js(v)
+        action = esc(v) if type(v) is str else "null" if v is None else odd(v)
         v = t.action_text
-        action_text = esc(v) if type(v) is str else js(v)
+        action_text = esc(v) if type(v) is str else odd(v)
         v = t.error
-        error = "null" if v is None else js(v)
+        error = "null" if v is None else esc(v) if type(v) is str else odd(v)
         v = t.index
-        index = irepr(v) if type(v) is int else js(v)
+        index = irepr(v) if type(v) is int else odd(v)
         v = t.info
-        info = "{}" if type(v) is dict and not v else js(v)
+        info = ("{}" if not v else js(v)) if type(v) is dict else odd(v)
         v = t.media
-        media = "[]" if type(v) is list and not v else js(v)
+        media = ("[]" if not v else js(v)) if type(v) is list else odd(v)
         v = t.observation
-        obs = esc(v) if type(v) is str else js(v)
+        obs = esc(v) if type(v) is str else odd(v)
         v = t.policy_version
-        pv = irepr(v) if type(v) is int else js(v)
+        pv = irepr(v) if type(v) is int else odd(v)
         v = t.result
-        result = esc(v) if type(v) is str else js(v)
+        result = esc(v) if type(v) is str else "null" if v is None else odd(v)
         v = t.reward
-        reward = frepr(v) if type(v) is float and v - v == 0.0 else js(v)  # finite: v - v is 0
+        reward = frepr(v) if type(v) is float and v - v == 0.0 else odd(v)  # finite: v - v is 0
         v = t.state_key
-        state_key = "null" if v is None else js(v)
+        state_key = "null" if v is None else esc(v) if type(v) is str else odd(v)
         v = t.tool_call
-        tool = tc_js(v) if type(v) is ToolCall else js(v)
+        tool = tc_js(v) if type(v) is ToolCall else "null" if v is None else odd(v)
         v = t.terminated
-        term = "true" if v is True else "false" if v is False else js(v)
+        term = "true" if v is True else "false" if v is False else odd(v)
         v = t.truncated
-        trunc = "true" if v is True else "false" if v is False else js(v)
+        trunc = "true" if v is True else "false" if v is False else odd(v)
         v = t.valid
-        valid = "true" if v is True else "false" if v is False else js(v)
+        valid = "true" if v is True else "false" if v is False else odd(v)
         head = (f'"action":{action},"action_text":{action_text},"error":{error},"index":{index},"info":{info},'
                 f'"media":{media},"observation":{obs}')
         parent = "null" if t.parent_id is None else order[t.parent_id]
@@ -441,11 +434,15 @@ def canonical_turns(ep: Episode) -> list[CanonicalTurn]:
                 f'"tool_call":{tool},"truncated":{trunc},"turn_id":{i},"valid":{valid}')
         rest = f"{{{head},{mid},{tail}}}"
         record = _packed_record(rest, t.output_ids, t.output_logprobs, t.output_mask, t.prompt_ids)
-        packed = record is not None and _storable_logprobs(record, len(rest), len(t.output_ids), t.output_logprobs)
+        # checked: declared types throughout, no NUL or surrogate escape in the text, storable arrays
+        n = len(t.output_ids)
+        lo = len(rest) + 27 + 4 * n  # the log-prob payload in the record; its high bytes: [lo + 7::8]
+        checked = (n_odd == 0 and record is not None and "\\u" not in rest  # no escape: ASCII text, no NUL
+                   and not record[lo + 7:lo + 8 * n:8].translate(None, _CLEAR_HIGH_BYTES))
         if record is None:  # not plain lists of exact values: the general rule decides, array by array
             record = _record(rest, (pack_array(t.output_ids, "i"), pack_array(t.output_logprobs, "d"),
                                     pack_array(t.output_mask, "b"), pack_array(t.prompt_ids, "i")))
-        out.append(new_turn((head, mid, tail, rest, record, packed)))
+        out.append(new_turn((head, mid, tail, rest, record, checked)))
     return out
 
 

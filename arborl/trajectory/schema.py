@@ -153,28 +153,32 @@ class Turn:
         """
         check_texts(self._checked_texts(), f"turn {self.turn_id}")
 
-    def _checked_texts(self, packed: bool = False) -> list[str]:
+    def _checked_texts(self, checked: bool = False) -> list[str]:
         """Check everything but the text content; return the texts to check (in one pass, by the caller).
 
-        With ``packed``, the token arrays are known to be what the canonical encoder packs and
-        flags as storable (:attr:`~arborl.trajectory.canonical.CanonicalTurn.packed`), and are
-        not checked again.
+        With ``checked``, the canonical encoder has proven the declared types, the token arrays
+        and the texts it writes (:attr:`~arborl.trajectory.canonical.CanonicalTurn.checked`):
+        what is left are the number ranges, the contents of the dicts, and the ids it replaced.
         """
-        values = tuple(self.__dict__.values())
-        signature = tuple(map(type, values))  # the field types, checked once per distinct signature
-        pick = _TEXTS_OF.get(signature)
-        if pick is None:
-            self._check_types()
-            pick = _TEXTS_OF[signature] = itemgetter(*[k for k, t in enumerate(signature) if t is str])
-        texts = [*pick(values)]
+        if checked:
+            texts = [self.turn_id] if self.parent_id is None else [self.turn_id, self.parent_id]
+            if countOf(map(type, texts), str) != len(texts):  # the ids are not in the encoder's text
+                raise_type(self, ("turn_id", "parent_id"), str, f"turn {self.turn_id}", optional=True)
+        else:
+            values = tuple(self.__dict__.values())
+            signature = tuple(map(type, values))  # the field types, checked once per distinct signature
+            pick = _TEXTS_OF.get(signature)
+            if pick is None:
+                self._check_types()
+                pick = _TEXTS_OF[signature] = itemgetter(*[k for k, t in enumerate(signature) if t is str])
+            texts = [*pick(values)]
+            check_token_arrays(self, f"turn {self.turn_id}")
         i, pv, r = self.index, self.policy_version, self.reward
         if not (INT_MIN <= i <= INT_MAX and INT_MIN <= pv <= INT_MAX):
             check_int(i, f"turn {self.turn_id}: index")
             check_int(pv, f"turn {self.turn_id}: policy_version")
         if not (-FLOAT_LIMIT < r < FLOAT_LIMIT and (r or math.copysign(1.0, r) > 0)):
             check_number(r, f"turn {self.turn_id}: reward (step rewards must be finite numbers)")
-        if not packed:
-            check_token_arrays(self, f"turn {self.turn_id}")
         if self.timings:
             check_json(self.timings, f"turn {self.turn_id}: timings")
         if self.info:
@@ -185,9 +189,10 @@ class Turn:
             n = len(args) if type(args) is dict else -1
             if (type(tc.name) is str and tc.call_id is None and countOf(map(type, args), str) == n
                     and countOf(map(type, args.values()), str) == n):  # the usual call: flat str arguments
-                texts.append(tc.name)
-                texts += args
-                texts += args.values()
+                if not checked:
+                    texts.append(tc.name)
+                    texts += args
+                    texts += args.values()
             else:
                 self._check_tool_call(f"turn {self.turn_id}", texts)
         if self.media:
@@ -324,7 +329,7 @@ class Episode:
         s = self.rewards.get("success")
         return None if s is None else s > 0
 
-    def validate(self, *, packed: Sequence[bool] | None = None) -> None:
+    def validate(self, *, checked: Sequence[bool] | None = None) -> None:
         """Check the record; raise :class:`SchemaError` naming the field and the fix.
 
         Checks the types the fields declare, the tree (unique turn ids, parents before children),
@@ -332,9 +337,9 @@ class Episode:
         :mod:`arborl.trajectory.values` defines it (the same rules for every store backend).
 
         Args:
-            packed: Per turn, whether the canonical encoder packed all four of its token arrays
-                (:attr:`~arborl.trajectory.canonical.CanonicalTurn.packed`), which already proves
-                most array rules; the store passes it to skip those checks on its hot path.
+            checked: Per turn, whether the canonical encoder proved most of its rules in passing
+                (:attr:`~arborl.trajectory.canonical.CanonicalTurn.checked`); the store passes it
+                to skip those checks on its hot path.
         """
         eid = self.episode_id
         if type(eid) is not str or not eid:
@@ -368,7 +373,7 @@ class Episode:
                     f"{where}: turn {t.turn_id} names parent {t.parent_id}, which does not precede it; "
                     "list parents before children")
             seen.add(t.turn_id)
-            texts += t._checked_texts(packed is not None and packed[k])
+            texts += t._checked_texts(checked is not None and checked[k])
         try:
             check_texts(texts, where)
         except SchemaError:

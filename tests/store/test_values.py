@@ -8,10 +8,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from storekit import make_episode
 
 from arborl.store import open_store
 from arborl.trajectory import content_hash
+from arborl.trajectory.canonical import canonical_turns
 from arborl.trajectory.schema import SchemaError
 
 
@@ -98,3 +101,35 @@ def test_accepted_edge_values_read_back_exactly(store_url):
     assert text(back) == text(ep)
     assert content_hash(back) == content_hash(ep)
     assert type(back.created_at) is float and back.turns[1].info["one"] == 1.0 and type(back.turns[1].info["one"]) is float
+
+
+num = st.floats(allow_nan=False, allow_infinity=False)  # NaN and inf stop the encoder itself (not JSON)
+leaf = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), num, st.sampled_from([-0.0, 1e16, 2.0**49]),
+                 st.text(max_size=6))
+value = st.recursive(leaf, lambda kids: st.one_of(st.lists(kids, max_size=3), st.tuples(kids),
+                                                  st.dictionaries(st.one_of(st.text(max_size=3), st.integers()),
+                                                                  kids, max_size=3)), max_leaves=10)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(max_size=8), info=st.dictionaries(st.text(max_size=4), value, max_size=4), reward=leaf,
+       lps=st.lists(st.one_of(num, st.sampled_from([-0.0, -1e16, -(2.0**49), 0])), min_size=2, max_size=2),
+       pv=st.integers(-(2**65), 2**65))
+def test_the_encoders_shortcut_decides_as_the_full_validation(text, info, reward, lps, pv):
+    # the store validates with what canonical_turns proved in passing; it must refuse exactly what
+    # the full validation refuses, with the same message
+    ep = make_episode(5)
+    t = ep.turns[1]
+    t.observation, t.info, t.reward, t.output_logprobs, t.policy_version = text, info, reward, lps, pv
+    try:
+        checked = [c.checked for c in canonical_turns(ep)]
+    except (ValueError, TypeError):
+        return  # not JSON-able at all: the store reports it through the full validation
+    outcomes = []
+    for kw in ({}, {"checked": checked}):
+        try:
+            ep.validate(**kw)
+            outcomes.append(None)
+        except SchemaError as e:
+            outcomes.append(str(e))
+    assert outcomes[0] == outcomes[1]
