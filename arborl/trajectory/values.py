@@ -146,12 +146,12 @@ def check_token_arrays(t: Any, where: str) -> None:
             _check_ids(ids, f"{where}: {name}")
     if countOf(map(type, ol), float) != n or (t := sum(ol)) - t != 0.0 or 0.0 in ol:  # else each value is looked at
         _slow_logprobs(ol, where)
-    check_logprob_values(ol, where)
+    _check_logprob_values(ol, where)
     if countOf(om, 0) + countOf(om, 1) != n:  # m in (0, 1)
         raise SchemaError(f"{where}: output_mask values must be 0 or 1")
 
 
-def check_logprob_values(ol: list[float], where: str) -> None:
+def _check_logprob_values(ol: list[float], where: str) -> None:
     """Finite floats, no -0.0: refuse a magnitude of FLOAT_LIMIT or more (in C passes in the usual case)."""
     # log-probs are <= 0: then every value lies between the (finite) sum and 0
     if ol and not (max(ol) <= 0.0 and sum(ol) > -FLOAT_LIMIT) and (min(ol) <= -FLOAT_LIMIT or max(ol) >= FLOAT_LIMIT):
