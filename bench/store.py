@@ -62,7 +62,7 @@ def make(i: int, turns: int = 8) -> Episode:
     for k in range(turns):
         t = Turn(turn_id=f"t{k}", parent_id=parent, index=k, observation=f"observation {k} of episode {i}",
                  prompt_ids=[(i + k + j) % 32000 for j in range(48)], output_ids=[(i * k + j) % 32000 for j in range(24)],
-                 output_logprobs=[-0.1 * (j % 7) for j in range(24)], output_mask=[1] * 24,
+                 output_logprobs=[0.0 - 0.1 * (j % 7) for j in range(24)], output_mask=[1] * 24,
                  action_text=f"call search(q{k})", action=f"search q{k}", reward=0.1 * (k == turns - 1),
                  tool_call=ToolCall(name="search", arguments={"q": f"q{k}"}), result=f"result {k}",
                  policy_version=i // 50_000)

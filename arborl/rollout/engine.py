@@ -50,7 +50,6 @@ exists) and stops that episode with stop_reason "env_error"; the rest of the bat
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import time
 from collections import deque
@@ -66,7 +65,8 @@ from arborl.policy.chat import ChatRenderer, observation_text
 from arborl.rollout.config import EpisodeSpec, RolloutConfig
 from arborl.rollout.generate import TurnOutput, TurnRequest
 from arborl.rollout.policy import Policy, PolicySession
-from arborl.trajectory.schema import Episode, MediaRef, Turn, new_id
+from arborl.trajectory.schema import Episode, MediaRef, StopReason, Turn, new_id
+from arborl.trajectory.values import is_storable
 
 
 @dataclass
@@ -128,7 +128,7 @@ def run_episodes(
     live: dict[int, tuple[int, _Live]] = {}
     meta = (policy_version, iteration, source)
 
-    def finish(slot: int, stop_reason: str) -> None:
+    def finish(slot: int, stop_reason: StopReason) -> None:
         index, lv = live.pop(slot)
         lv.episode.stop_reason = stop_reason
         lv.episode.rewards = {"success": lv.success, "return": lv.returns}
@@ -172,7 +172,7 @@ def _play_turn(
     limit: int,
     renderer: ChatRenderer,
     policy_version: int,
-) -> list[tuple[int, str]]:
+) -> list[tuple[int, StopReason]]:
     """Generate one turn for every live episode, step the envs; returns (slot, stop) of those ending."""
     slots = sorted(live)
     requests = []
@@ -249,7 +249,7 @@ def _start(
 
 def _advance(
     lv: _Live, out: TurnOutput, gen_s: float, cfg: RolloutConfig, renderer: ChatRenderer, policy_version: int
-) -> str | None:
+) -> StopReason | None:
     """Record the generated turn, step the env, prepare the next prompt; returns a stop reason or None."""
     ep = lv.episode
     turn = Turn(
@@ -282,7 +282,7 @@ def _advance(
     return stop
 
 
-def _step(lv: _Live, turn: Turn, cfg: RolloutConfig, renderer: ChatRenderer) -> str | None:
+def _step(lv: _Live, turn: Turn, cfg: RolloutConfig, renderer: ChatRenderer) -> StopReason | None:
     res = lv.env.step(turn.action_text)
     info = dict(res.info or {})
     reward = float(res.reward)
@@ -370,8 +370,4 @@ def _key_text(key: Hashable) -> str | None:
 
 
 def _is_jsonable(value: Any) -> bool:
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError):
-        return False
-    return True
+    return is_storable(value)  # the store's rule: what it would refuse is dropped here, not in put_many

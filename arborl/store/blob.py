@@ -53,12 +53,12 @@ class FileBlobStore:
     """Blobs as files under a local directory.
 
     Args:
-        root: Directory for blobs (created if missing).
+        root: Directory for blobs (created by the first ``put``, so opening a store to read it
+            creates nothing).
     """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
 
     def _path(self, url: str) -> Path:
         p = Path(urlparse(url).path).resolve() if url.startswith("file://") else Path(url).resolve()
@@ -107,10 +107,11 @@ class S3BlobStore:
         prefix: Key prefix inside the bucket.
         endpoint_url: Server URL for S3-compatible services (``None``: AWS).
         client: A ready boto3 S3 client (overrides ``endpoint_url``).
+        create: Create the bucket if it is missing (``False``: raise :class:`StoreError`).
     """
 
     def __init__(self, bucket: str, prefix: str = "", endpoint_url: str | None = None,
-                 client: Any | None = None) -> None:
+                 client: Any | None = None, create: bool = True) -> None:
         if client is None:
             import boto3  # optional dependency: the `store` extra
 
@@ -120,7 +121,9 @@ class S3BlobStore:
         self.prefix = prefix.strip("/")
         try:
             self.client.head_bucket(Bucket=bucket)
-        except Exception:  # noqa: BLE001 - boto raises ClientError subclasses built at runtime
+        except Exception as e:  # noqa: BLE001 - boto raises ClientError subclasses built at runtime
+            if not create:
+                raise StoreError(f"no bucket s3://{bucket} ({type(e).__name__}); a read-only store creates none") from e
             self.client.create_bucket(Bucket=bucket)
 
     def _key(self, url: str) -> str:
@@ -174,13 +177,13 @@ class NoBlobStore:
         """Nothing to release."""
 
 
-def open_blob_store(url: str, s3_endpoint: str | None = None) -> BlobStore:
-    """A blob store from a URL: ``file:///dir`` or ``s3://bucket/prefix``."""
+def open_blob_store(url: str, s3_endpoint: str | None = None, create: bool = True) -> BlobStore:
+    """A blob store from a URL: ``file:///dir`` or ``s3://bucket/prefix`` (``create``: a missing bucket)."""
     u = urlparse(url)
     if u.scheme == "file":
         return FileBlobStore(u.path)
     if u.scheme == "s3":
         if not u.netloc:
             raise StoreError(f"blob URL {url!r} has no bucket; write s3://bucket/prefix")
-        return S3BlobStore(u.netloc, u.path, endpoint_url=s3_endpoint)
+        return S3BlobStore(u.netloc, u.path, endpoint_url=s3_endpoint, create=create)
     raise StoreError(f"unsupported blob URL {url!r}; use file:///dir or s3://bucket/prefix")

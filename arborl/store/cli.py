@@ -1,5 +1,9 @@
 """``arborl store query|slice|profile|export|expire STORE_URL [filters]``: inspect a store.
 
+``query``, ``slice``, ``profile`` and ``export`` open the store read-only: they never create or
+change anything, and a target that is not an arborl store is refused. Errors are one line on
+stderr with exit status 2, passwords in URLs shown as ``***``.
+
 Hooked into the main CLI with :func:`add_store_commands`; also runnable on its own as
 ``python -m arborl.store.cli query sqlite:///runs/traj.db --task-type search``. Output is a
 table (rich) in the terminal, or JSON with ``--json``.
@@ -102,7 +106,7 @@ def _emit(args: argparse.Namespace, data: Any, table: Table | None) -> None:
 
 def cmd_query(args: argparse.Namespace) -> int:
     """Handler of ``store query``."""
-    with open_store(args.url, create=False) as store:
+    with open_store(args.url, read_only=True) as store:
         rows, nxt = store.query_index(limit=args.limit, cursor=args.cursor, **_filters(args))
     data = {"episodes": [r.to_dict() for r in rows], "next_cursor": nxt}
     t = Table(title=f"{len(rows)} episode(s) in {redact(args.url)}", caption=f"next cursor: {nxt}" if nxt else None)
@@ -118,7 +122,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 def cmd_slice(args: argparse.Namespace) -> int:
     """Handler of ``store slice``."""
-    with open_store(args.url, create=False) as store:
+    with open_store(args.url, read_only=True) as store:
         turns = store.slice(args.episode_id, args.start, args.stop)
     start = args.start
     data = [{"path_index": start + k, **{f: getattr(tu, f) for f in (
@@ -137,7 +141,7 @@ def cmd_slice(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     """Handler of ``store profile``."""
     cols = tuple(c for c in args.group_by.split(",") if c)
-    with open_store(args.url, create=False) as store:
+    with open_store(args.url, read_only=True) as store:
         prof = store.profile(group_by=cols, **_filters(args))
     data = [p.to_dict() for p in prof]
     t = Table(title=f"capability profile of {redact(args.url)}",
@@ -156,7 +160,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Handler of ``store export``."""
-    with open_store(args.url, create=False) as store:
+    with open_store(args.url, read_only=True) as store:
         n = store.export_parquet(args.out, **_filters(args))
     _emit(args, {"path": args.out, "rows": n}, None if args.json else _kv("export", {"path": args.out, "rows": n}))
     return 0
@@ -182,7 +186,7 @@ def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
         except EpisodeNotFound as e:
             print(f"arborl store: error: no episode {e.args[0]!r} in {redact(args.url)}", file=sys.stderr)
         except (StoreError, SchemaError, ValueError, ImportError) as e:
-            print(f"arborl store: error: {e}", file=sys.stderr)
+            print(f"arborl store: error: {redact(str(e))}", file=sys.stderr)
         return 2
 
     return run

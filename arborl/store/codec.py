@@ -6,14 +6,15 @@ An episode is split into
 * its turns, in creation order, each as its real ``turn_id``/``parent_id``, its position on the
   main path (``None`` off it), its step reward, its ``timings`` JSON, and its canonical form from
   :func:`~arborl.trajectory.canonical.canonical_turns`: the very pieces
-  :meth:`Episode.content_hash` hashes, so one encoding serves storage and dedup. SQLite stores
+  :func:`~arborl.trajectory.canonical.content_hash` hashes, so one encoding serves storage and dedup. SQLite stores
   each turn's frames of the canonical form as they are (:data:`TurnCols`: token arrays packed
   little-endian, the rest JSON); PostgreSQL and Redis store the turn's canonical JSON with its
   arrays as JSON (:meth:`Prepared.turn_rows`);
 * its :class:`~arborl.store.base.IndexRow`.
 
-Validation happens here, before any backend writes, so a malformed episode fails the whole
-``put_many`` with a :class:`SchemaError` that names the field. Reading builds the dataclasses
+Validation (:meth:`Episode.validate`, the schema's one set of rules) happens here, before any
+backend writes, so a malformed episode fails the whole ``put_many`` with a :class:`SchemaError`
+that names the field, the same on every backend. Reading builds the dataclasses
 directly with the same field checks as :meth:`Episode.from_dict` (which is several times slower
 because it re-derives the field list per turn) and falls back to ``from_dict`` on any mismatch,
 so errors come from the schema's own parser.
@@ -22,32 +23,32 @@ so errors come from the schema's own parser.
 from __future__ import annotations
 
 import gc
-import hashlib
 import json
-import math
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from arborl.store.base import IndexRow, check_schema_version
-from arborl.trajectory.canonical import (
-    CanonicalTurn,
-    canonical_episode,
-    canonical_turns,
-    compact_json_encoder,
+from arborl.trajectory.canonical import CanonicalTurn, canonical_turns, compact_json_encoder, content_hash
+from arborl.trajectory.schema import (
+    EPISODE_FIELDS,
+    TURN_FIELDS,
+    Episode,
+    MediaRef,
+    SchemaError,
+    ToolCall,
+    Turn,
 )
-from arborl.trajectory.schema import Episode, MediaRef, SchemaError, ToolCall, Turn
 
 _json = compact_json_encoder(sort_keys=False)
-_TURN_FIELDS = tuple(f.name for f in fields(Turn))
-_TURN_KEYS = frozenset(_TURN_FIELDS)
-_EPISODE_FIELDS = tuple(f.name for f in fields(Episode) if f.name != "turns")
-if _EPISODE_FIELDS != ("episode_id", "task_id", "task_type", "group_id", "seed", "rewards", "stop_reason",
+_TURN_KEYS = frozenset(TURN_FIELDS)
+if EPISODE_FIELDS != ("episode_id", "task_id", "task_type", "group_id", "seed", "rewards", "stop_reason",
                        "policy_version", "iteration", "source", "tags", "created_at", "metadata", "schema_version"):
-    raise ImportError("Episode's fields changed: update _meta below to write every one of them")
-_EPISODE_KEYS = frozenset(_EPISODE_FIELDS) | {"turns"}
+    raise ImportError("Episode's fields changed: update _meta below to write every one of them "
+                      "(docs/trajectory.md: adding a field)")
+_EPISODE_KEYS = frozenset(EPISODE_FIELDS) | {"turns"}
 
 
 @dataclass(slots=True)
@@ -87,25 +88,6 @@ class Prepared:
                 for i, ((pi, tid, pid, reward, timings, _), c) in enumerate(zip(self.turns, self.canon, strict=True))]
 
 
-def _check_index_fields(ep: Episode) -> None:
-    """Type checks for fields the index stores in typed columns (Episode.validate leaves them)."""
-    where = f"episode {ep.episode_id}"
-    for name in ("episode_id", "task_id", "task_type", "group_id", "source", "stop_reason"):
-        if not isinstance(getattr(ep, name), str):
-            raise SchemaError(f"{where}: {name} must be a string, got {getattr(ep, name)!r}")
-    for name in ("policy_version", "iteration"):
-        v = getattr(ep, name)
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise SchemaError(f"{where}: {name} must be an integer, got {v!r}")
-    if not isinstance(ep.created_at, int | float) or not math.isfinite(ep.created_at):
-        raise SchemaError(f"{where}: created_at must be a finite unix time, got {ep.created_at!r}")
-    if not isinstance(ep.tags, list) or not all(isinstance(t, str) for t in ep.tags):
-        raise SchemaError(f"{where}: tags must be a list of strings, got {ep.tags!r}")
-    for k, v in ep.rewards.items():
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
-            raise SchemaError(f"{where}: rewards[{k!r}] must be a number or None, got {v!r}")
-
-
 def _dumps(obj: Any, where: str) -> str:
     try:
         return _json(obj)
@@ -116,15 +98,8 @@ def _dumps(obj: Any, where: str) -> str:
 def _canonical(ep: Episode) -> list[CanonicalTurn]:
     try:
         return canonical_turns(ep)
-    except (ValueError, TypeError) as e:
-        raise SchemaError(f"episode {ep.episode_id} is not JSON-able with finite numbers: {e}") from e
-
-
-def _content_hash(ep: Episode, canon: list[CanonicalTurn]) -> str:
-    """:meth:`Episode.content_hash` from the turns' canonical pieces (already built for the rows)."""
-    try:
-        return hashlib.sha256(canonical_episode(ep, canon)).hexdigest()
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
+        ep.validate()  # names the field that the encoder could not take
         raise SchemaError(f"episode {ep.episode_id} is not JSON-able with finite numbers: {e}") from e
 
 
@@ -174,9 +149,8 @@ def prepare(item: Episode | dict[str, Any]) -> Prepared:
     ep = Episode.from_dict(item) if isinstance(item, dict) else item
     if not isinstance(ep, Episode):
         raise SchemaError(f"put_many takes Episode objects or episode dicts, got {type(ep).__name__}")
-    ep.validate()
-    _check_index_fields(ep)
     canon = _canonical(ep)
+    ep.validate(checked=[c.checked for c in canon])
     turns = _turn_cols(ep, canon)
     meta = _meta(ep)
     path_rewards = [t[3] for t in turns if t[0] is not None]  # creation order is root-to-leaf order on a path
@@ -184,7 +158,7 @@ def prepare(item: Episode | dict[str, Any]) -> Prepared:
         episode_id=ep.episode_id, task_id=ep.task_id, task_type=ep.task_type, group_id=ep.group_id,
         source=ep.source, iteration=ep.iteration, policy_version=ep.policy_version,
         reward=float(sum(path_rewards)), success=ep.success, n_turns=len(path_rewards),
-        n_nodes=len(ep.turns), stop_reason=ep.stop_reason, content_hash=_content_hash(ep, canon),
+        n_nodes=len(ep.turns), stop_reason=ep.stop_reason, content_hash=content_hash(ep, canon),
         created_at=float(ep.created_at), tags=list(ep.tags), schema_version=ep.schema_version,
     )
     return Prepared(ep, row, meta, canon, turns)

@@ -1,7 +1,7 @@
 """Behaviour shared by the backends: paging, iteration, media, export and SQL filter text.
 
 A backend subclasses :class:`BaseStore` and provides the abstract methods, among them ``_rows``
-(one keyset page of index rows in either order) and ``_load_many`` (bodies for index rows);
+(one keyset page of index rows in either order) and ``_fetch`` (whole episodes by id);
 what the protocol derives from those (query pages, cursors, iteration, media, export) lives
 here once.
 """
@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from arborl.store.base import (
+    EpisodeNotFound,
     Filters,
     IndexRow,
     Page,
@@ -41,15 +42,11 @@ class BaseStore(ABC):
         """Up to ``limit`` index rows after the keyset position, with each row's tiebreak key."""
 
     @abstractmethod
-    def _load_many(self, rows: Sequence[IndexRow]) -> list[Episode]:
-        """Episodes for index rows, in the same order."""
+    def _fetch(self, episode_ids: list[str]) -> dict[str, Episode]:
+        """The stored episodes among ``episode_ids``, by id, each whole (read from one snapshot)."""
 
     @abstractmethod
     def put_many(self, episodes: Iterable[Episode | dict[str, Any]]) -> list[str]:
-        """See :class:`~arborl.store.base.TrajectoryStore`."""
-
-    @abstractmethod
-    def get_many(self, episode_ids: Sequence[str]) -> list[Episode]:
         """See :class:`~arborl.store.base.TrajectoryStore`."""
 
     @abstractmethod
@@ -78,6 +75,29 @@ class BaseStore(ABC):
         """Release connections and the blob store."""
 
     # --- derived -----------------------------------------------------------------------------
+    def get_many(self, episode_ids: Sequence[str]) -> list[Episode]:
+        """Episodes in the order of ``episode_ids``, each read whole.
+
+        Raises:
+            EpisodeNotFound: an id is not stored.
+            SchemaError: a record was written by a newer arborl.
+        """
+        ids = list(episode_ids)
+        got = self._fetch(ids)
+        missing = next((eid for eid in ids if eid not in got), None)
+        if missing is not None:
+            raise EpisodeNotFound(missing)
+        return [got[eid] for eid in ids]
+
+    def _load_many(self, rows: Sequence[IndexRow]) -> list[Episode]:
+        """Episodes for index rows, in the same order; those expired since the rows were read are skipped.
+
+        So a query page or an iteration over a store that another process expires meanwhile
+        returns whole episodes only, and never fails on one that vanished.
+        """
+        got = self._fetch([r.episode_id for r in rows]) if rows else {}
+        return [got[r.episode_id] for r in rows if r.episode_id in got]
+
     def _page(self, limit: int, cursor: str | None, filters: dict[str, Any]) -> tuple[list[IndexRow], str | None]:
         check_limit(limit)
         after = decode_cursor(cursor) if cursor else None

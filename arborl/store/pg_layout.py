@@ -52,20 +52,26 @@ CREATE TABLE IF NOT EXISTS arborl_turns(
 """
 
 
-def install_layout(conn: Any, partitioned: str | None) -> str | None:
-    """Create the tables if missing; return the store's partition period (``None``: plain).
+def install_layout(conn: Any, partitioned: str | None, create: bool = True) -> str | None:
+    """Create the tables if missing (and ``create``); return the store's partition period (``None``: plain).
+
+    A database may hold other tables beside a store (the store's are all named ``arborl_*``),
+    but ``arborl_*`` tables without the store's ``arborl_meta`` record are not touched.
 
     Raises:
         StoreError: the store was written by a newer arborl, or was created with another
-            partitioning than the one asked for.
+            partitioning than the one asked for; there is no store and not ``create``; or the
+            ``arborl_*`` tables there are not an arborl store.
     """
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_LAYOUT,))
-        for stmt in _KEYS.split(";"):
-            if stmt.strip():
-                conn.execute(stmt)
-        meta = dict(conn.execute("SELECT key, value FROM arborl_meta").fetchall())
-        if "layout_version" in meta:
+        meta = _meta(conn)
+        if meta is None and create:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_LAYOUT,))
+            meta = _meta(conn)  # another process may have created it while we waited
+        if meta is not None:
+            if "layout_version" not in meta:
+                raise StoreError("the table arborl_meta of this database has no layout_version: it is not an arborl "
+                                 "store, and arborl writes nothing into it; use another database")
             if int(meta["layout_version"]) > LAYOUT_VERSION:
                 raise StoreError(
                     f"this PostgreSQL store has layout version {meta['layout_version']}, written by a newer "
@@ -75,8 +81,17 @@ def install_layout(conn: Any, partitioned: str | None) -> str | None:
                 raise StoreError(f"this store was created with partitioned={period!r}; it cannot switch to "
                                  f"{partitioned!r} (export and re-import into a new database instead)")
             return period
+        ours = [r[0] for r in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND tablename LIKE 'arborl%%' "
+            "ORDER BY tablename")]
+        if ours:
+            raise StoreError(f"this database holds the tables {ours} but no arborl store record (arborl_meta): "
+                             "arborl writes nothing into it; use another database")
+        if not create:
+            raise StoreError("no arborl store in this database (no table arborl_meta); write to it first, or check "
+                             "the database name in the URL")
         part = " PARTITION BY RANGE (created_at)" if partitioned else ""
-        for stmt in _TABLES.format(part=part).split(";"):
+        for stmt in (_KEYS + _TABLES.format(part=part)).split(";"):
             if stmt.strip():
                 conn.execute(stmt)
         conn.execute("INSERT INTO arborl_meta VALUES ('layout_version', %s), ('partitioned', %s)",
@@ -84,22 +99,32 @@ def install_layout(conn: Any, partitioned: str | None) -> str | None:
         return partitioned
 
 
+def _meta(conn: Any) -> dict[str, str] | None:
+    """The ``arborl_meta`` record, or ``None`` if there is no such table."""
+    if conn.execute("SELECT to_regclass('arborl_meta')").fetchone()[0] is None:
+        return None
+    try:
+        with conn.transaction():  # a savepoint: a foreign arborl_meta must not abort the transaction
+            return dict(conn.execute("SELECT key, value FROM arborl_meta").fetchall())
+    except Exception:  # noqa: BLE001 - psycopg raises UndefinedColumn etc.; the caller says what is wrong
+        return {}
+
+
 def period_bounds(period: str, t: float) -> tuple[float, float, str]:
     """(start, end, suffix) of the UTC period containing unix time ``t``."""
     d = datetime.fromtimestamp(t, tz=UTC)
     if period == "day":
-        lo = d.replace(hour=0, minute=0, second=0, microsecond=0)
-        hi = lo + timedelta(days=1)
+        lo, days = d.replace(hour=0, minute=0, second=0, microsecond=0), 1
         suffix = lo.strftime("%Y%m%d")
     elif period == "week":
-        lo = (d - timedelta(days=d.weekday())).replace(hour=0, minute=0, second=0, microsecond=0)
-        hi = lo + timedelta(days=7)
+        lo, days = (d - timedelta(days=d.weekday())).replace(hour=0, minute=0, second=0, microsecond=0), 7
         suffix = lo.strftime("w%Y%m%d")
     else:
         lo = d.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-        hi = lo + timedelta(days=calendar.monthrange(lo.year, lo.month)[1])
+        days = calendar.monthrange(lo.year, lo.month)[1]
         suffix = lo.strftime("m%Y%m")
-    return lo.timestamp(), hi.timestamp(), suffix
+    # the end in seconds, not as a datetime: the period after December 9999 has no datetime
+    return lo.timestamp(), lo.timestamp() + days * 86400.0, suffix
 
 
 def ensure_partitions(cur: Any, period: str, times: Iterable[float]) -> None:

@@ -45,6 +45,7 @@ from arborl.store.blob import BlobStore, NoBlobStore
 from arborl.store.codec import Prepared, dedup_batch, episode_from, prepare_many, turn_dict, turns_from
 from arborl.store.common import BaseStore, expiry_rules, keyset_condition, sql_where
 from arborl.store.pg_layout import LAYOUT_VERSION, PERIODS, ensure_partitions, install_layout, old_partitions
+from arborl.store.url import one_line, redact, redact_secret
 from arborl.trajectory.schema import Episode, SchemaError, Turn
 
 ROW_COLUMNS = ("episode_id", "task_id", "task_type", "group_id", "source", "iteration", "policy_version",
@@ -65,10 +66,20 @@ class PostgresStore(BaseStore):
         pool_max: Most connections open at once (threads share the pool).
         partitioned: ``None`` (plain tables) or "day"/"week"/"month": time-partition a *new*
             store by ``created_at``. An existing store keeps the layout it was created with.
+        create: Create the tables in a database that has no arborl store yet.
+        read_only: Every transaction is read-only (``default_transaction_read_only``); nothing is
+            created.
+
+    Raises:
+        StoreError: the server cannot be reached or refuses the login (one line, password
+            redacted, after at most ``connect_timeout_s``), or the database holds no arborl
+            store (and not ``create``), or ``arborl_`` tables that are not an arborl store.
     """
 
     def __init__(self, conninfo: str, blobs: BlobStore | None = None, config: StoreConfig | None = None,
-                 pool_min: int = 1, pool_max: int = 4, partitioned: str | None = None) -> None:
+                 pool_min: int = 1, pool_max: int = 4, partitioned: str | None = None, create: bool = True,
+                 read_only: bool = False, connect_timeout_s: int = 10) -> None:
+        import psycopg
         from psycopg_pool import ConnectionPool  # optional dependency: the `store` extra
 
         if partitioned is not None and partitioned not in PERIODS:
@@ -76,14 +87,19 @@ class PostgresStore(BaseStore):
         self.blobs = blobs or NoBlobStore(
             "this PostgreSQL store has no blob store for media: add ?blob=file:///dir or ?blob=s3://bucket/prefix")
         self.config = config or StoreConfig()
-        self.pool = ConnectionPool(conninfo, min_size=pool_min, max_size=pool_max, open=True,
-                                   kwargs={"autocommit": False, "client_encoding": "utf8"})
+        self.read_only = read_only
+        kwargs: dict[str, Any] = {"autocommit": False, "client_encoding": "utf8"}
+        if read_only:
+            kwargs["options"] = "-c default_transaction_read_only=on"
+        # One direct connection first: a wrong password or an unreachable server is one clear error
+        # now, not a pool that retries in the background until its 30 s timeout.
         try:
-            with self.pool.connection() as conn:
-                self.period = install_layout(conn, partitioned)
-        except Exception:
-            self.pool.close()
-            raise
+            with psycopg.connect(conninfo, connect_timeout=connect_timeout_s, **kwargs) as conn:
+                self.period = install_layout(conn, partitioned, create=create and not read_only)
+        except psycopg.Error as e:
+            raise StoreError(f"cannot open the PostgreSQL store at {redact(conninfo)}: "
+                             f"{redact_secret(one_line(e), conninfo)}") from None
+        self.pool = ConnectionPool(conninfo, min_size=pool_min, max_size=pool_max, open=True, kwargs=kwargs)
 
     # --- write ---------------------------------------------------------------------------------
     def put_many(self, episodes: Iterable[Episode | dict[str, Any]]) -> list[str]:
@@ -98,6 +114,7 @@ class PostgresStore(BaseStore):
         """
         import psycopg
 
+        self._writable()
         prepared = prepare_many(episodes)
         unique, alias = dedup_batch(prepared)
         for attempt in range(_RETRIES):
@@ -177,35 +194,20 @@ class PostgresStore(BaseStore):
             got = conn.execute(sql, [*args, *ka, limit]).fetchall()
         return [(IndexRow(*r[1:]), r[0]) for r in got]
 
-    def _load_many(self, rows: Sequence[IndexRow]) -> list[Episode]:
-        return self.get_many([r.episode_id for r in rows]) if rows else []
-
-    def get_many(self, episode_ids: Sequence[str]) -> list[Episode]:
-        """Episodes in the order of ``episode_ids``.
-
-        Raises:
-            EpisodeNotFound: an id is not stored.
-            SchemaError: a record was written by a newer arborl.
-        """
-        ids = list(episode_ids)
+    def _fetch(self, ids: list[str]) -> dict[str, Episode]:
+        """Index rows and turns of ``ids`` from one REPEATABLE READ snapshot (an expire is all or nothing)."""
         with self.pool.connection() as conn:
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             heads = conn.execute(
                 "SELECT e.episode_id, e.seq, e.schema_version, e.meta FROM arborl_keys k JOIN arborl_episodes e "
                 "ON e.seq = k.seq AND e.created_at = k.created_at WHERE k.episode_id = ANY(%s)", (ids,)).fetchall()
-            metas = {eid: (seq, sv, meta) for eid, seq, sv, meta in heads}
             turns: dict[int, list[dict[str, Any]]] = {}
             for ep, tid, pid, tim, body in conn.execute(
                     "SELECT t.ep, t.turn_id, t.parent_id, t.timings, t.body FROM arborl_turns t JOIN arborl_keys k "
                     "ON t.ep = k.seq AND t.created_at = k.created_at WHERE k.episode_id = ANY(%s) "
                     "ORDER BY t.ep, t.seq", (ids,)):
                 turns.setdefault(ep, []).append(turn_dict(tid, pid, tim, body))
-        out = []
-        for eid in ids:
-            if eid not in metas:
-                raise EpisodeNotFound(eid)
-            seq, sv, meta = metas[eid]
-            out.append(episode_from(eid, sv, meta, turns.get(seq, [])))
-        return out
+        return {eid: episode_from(eid, sv, meta, turns.get(seq, [])) for eid, seq, sv, meta in heads}
 
     def index_row(self, episode_id: str) -> IndexRow:
         """The index row of one episode."""
@@ -221,6 +223,7 @@ class PostgresStore(BaseStore):
         if start < 0 or (stop is not None and stop < 0):
             raise ValueError("slice takes non-negative start/stop; read n_turns from the index row for the length")
         with self.pool.connection() as conn:
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             head = conn.execute(
                 "SELECT k.seq, k.created_at, e.schema_version FROM arborl_keys k JOIN arborl_episodes e "
                 "ON e.seq = k.seq AND e.created_at = k.created_at WHERE k.episode_id = %s", (episode_id,)).fetchone()
@@ -265,6 +268,7 @@ class PostgresStore(BaseStore):
         With time partitioning and no task type, whole partitions older than the cutoff are
         dropped first. Returns the number of episodes deleted; media blobs are kept.
         """
+        self._writable()
         now = time.time() if now is None else now
         deleted = 0
         with self.pool.connection() as conn:
@@ -291,6 +295,10 @@ class PostgresStore(BaseStore):
                             "SELECT COUNT(*) FROM gone", args)
                 deleted += cur.fetchone()[0]
         return deleted
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise StoreError("this PostgreSQL store was opened read-only; open it without read_only to write")
 
     def close(self) -> None:
         """Close the pool and the blob store."""

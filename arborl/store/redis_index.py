@@ -44,6 +44,7 @@ from arborl.store.base import (
 from arborl.store.blob import BlobStore
 from arborl.store.codec import dedup_batch, from_blob, prepare_many, to_blob
 from arborl.store.common import BaseStore, expiry_rules
+from arborl.store.url import one_line, redact, redact_secret
 from arborl.trajectory.schema import Episode, SchemaError, Turn
 
 LAYOUT_VERSION = 1
@@ -94,10 +95,17 @@ class RedisStore(BaseStore):
         blobs: Blob store for bodies and media (required: Redis holds only the index).
         config: TTLs (applied as EXPIREAT at write time, and by :meth:`expire`).
         prefix: Key prefix, so several stores can share one Redis database.
+        create: Start a store under ``prefix`` if there is none.
+        read_only: Write nothing (not even the layout record); refuse a missing store.
+
+    Raises:
+        StoreError: the server cannot be reached or refuses the password (one line, redacted),
+            there is no store under ``prefix`` (and not ``create``), or the keys under ``prefix``
+            are not an arborl store.
     """
 
     def __init__(self, url: str, blobs: BlobStore | None, config: StoreConfig | None = None,
-                 prefix: str = "arborl") -> None:
+                 prefix: str = "arborl", create: bool = True, read_only: bool = False) -> None:
         import redis  # optional dependency: the `store` extra
 
         if blobs is None:
@@ -106,14 +114,38 @@ class RedisStore(BaseStore):
         self.blobs = blobs
         self.config = config or StoreConfig()
         self.p = prefix
-        self.r = redis.Redis.from_url(url, decode_responses=True)
+        self.read_only = read_only
+        self.r = redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=10)
+        try:
+            self._check_layout(create and not read_only)
+        except redis.RedisError as e:
+            self.r.close()
+            raise StoreError(f"cannot open the Redis store at {redact(url)}: {redact_secret(one_line(e), url)}") from None
+        except StoreError:
+            self.r.close()
+            raise
         self._put_script = self.r.register_script(_PUT_LUA)
         self._pool = ThreadPoolExecutor(max_workers=8)  # body GETs from S3 are latency-bound
-        version = self.r.hget(f"{prefix}:meta", "layout_version")
+
+    def _check_layout(self, create: bool) -> None:
+        """Refuse a foreign keyspace under the prefix, a missing store (unless ``create``) or a newer layout."""
+        key = f"{self.p}:meta"
+        kind = self.r.type(key)
+        if kind == "none":
+            if next(self.r.scan_iter(match=f"{self.p}:*", count=1000), None) is not None:
+                raise StoreError(f"the Redis keys under prefix {self.p!r} are not an arborl store (no {key} record); "
+                                 "arborl writes nothing there: choose another ?prefix= or database")
+            if not create:
+                raise StoreError(f"no arborl store with prefix {self.p!r} in this Redis database; check ?prefix= "
+                                 "and the database number")
+            self.r.hsetnx(key, "layout_version", LAYOUT_VERSION)
+            return
+        version = self.r.hget(key, "layout_version") if kind == "hash" else None
         if version is None:
-            self.r.hsetnx(f"{prefix}:meta", "layout_version", LAYOUT_VERSION)
-        elif int(version) > LAYOUT_VERSION:
-            raise StoreError(f"Redis index {prefix!r} has layout version {version}, written by a newer arborl; "
+            raise StoreError(f"the Redis key {key} is a {kind} without a layout_version, not an arborl store record; "
+                             "arborl writes nothing there: choose another ?prefix= or database")
+        if int(version) > LAYOUT_VERSION:
+            raise StoreError(f"Redis index {self.p!r} has layout version {version}, written by a newer arborl; "
                              f"this arborl reads layout <= {LAYOUT_VERSION}. Upgrade arborl to open it.")
 
     # --- write ---------------------------------------------------------------------------------
@@ -129,6 +161,7 @@ class RedisStore(BaseStore):
         """
         import redis
 
+        self._writable()
         prepared = prepare_many(episodes)
         unique, alias = dedup_batch(prepared)
         if not unique:
@@ -198,12 +231,31 @@ class RedisStore(BaseStore):
                 break
         return out
 
-    def _load_many(self, rows: Sequence[IndexRow]) -> list[Episode]:
-        def load(r: IndexRow) -> Episode:
-            ep, _ = from_blob(r.episode_id, r.schema_version, zlib.decompress(self.blobs.get(r.body_url or "")))
-            return ep  # type: ignore[return-value]
+    def _body(self, r: IndexRow) -> bytes | None:
+        """The body blob of an index row; ``None`` if the episode was expired since the row was read."""
+        try:
+            return zlib.decompress(self.blobs.get(r.body_url or ""))
+        except StoreError:
+            if self.r.exists(f"{self.p}:ep:{r.episode_id}"):
+                raise  # still indexed: the blob is really missing
+            return None
 
-        return list(self._pool.map(load, rows))
+    def _fetch(self, ids: list[str]) -> dict[str, Episode]:
+        """Index rows (one pipeline), then bodies in parallel; an episode expired in between is left out.
+
+        A body is immutable and deleted only after its index entry, so an episode is either read
+        whole or found gone: never half of it.
+        """
+        pipe = self.r.pipeline(transaction=False)
+        for eid in ids:
+            pipe.hget(f"{self.p}:ep:{eid}", "row")
+        rows = [IndexRow(**json.loads(raw)) for raw in pipe.execute() if raw is not None]
+
+        def load(r: IndexRow) -> Episode | None:
+            data = self._body(r)
+            return None if data is None else from_blob(r.episode_id, r.schema_version, data)[0]
+
+        return {r.episode_id: ep for r, ep in zip(rows, self._pool.map(load, rows), strict=True) if ep is not None}
 
     def index_row(self, episode_id: str) -> IndexRow:
         """The index row of one episode."""
@@ -212,26 +264,15 @@ class RedisStore(BaseStore):
             raise EpisodeNotFound(episode_id)
         return IndexRow(**json.loads(raw))
 
-    def get_many(self, episode_ids: Sequence[str]) -> list[Episode]:
-        """Episodes in the order of ``episode_ids`` (bodies fetched in parallel)."""
-        pipe = self.r.pipeline(transaction=False)
-        for eid in episode_ids:
-            pipe.hget(f"{self.p}:ep:{eid}", "row")
-        rows = []
-        for eid, raw in zip(episode_ids, pipe.execute(), strict=True):
-            if raw is None:
-                raise EpisodeNotFound(eid)
-            rows.append(IndexRow(**json.loads(raw)))
-        return self._load_many(rows)
-
     def slice(self, episode_id: str, start: int = 0, stop: int | None = None) -> list[Turn]:
         """Turns ``start..stop-1`` along the main path (one body GET; only those turns decoded)."""
         if start < 0 or (stop is not None and stop < 0):
             raise ValueError("slice takes non-negative start/stop; read n_turns from the index row for the length")
         r = self.index_row(episode_id)
-        _, turns = from_blob(r.episode_id, r.schema_version, zlib.decompress(self.blobs.get(r.body_url or "")),
-                             start, stop)
-        return turns
+        data = self._body(r)
+        if data is None:
+            raise EpisodeNotFound(episode_id)
+        return from_blob(r.episode_id, r.schema_version, data, start, stop)[1]
 
     def count(self, **filters: Any) -> int:
         """Number of matching episodes (ZCOUNT when only task type and time are filtered)."""
@@ -264,6 +305,7 @@ class RedisStore(BaseStore):
         Also removes sorted-set members and body blobs of episodes whose keys Redis already
         expired. Returns the number of episodes deleted by this call (including those).
         """
+        self._writable()
         now = time.time() if now is None else now
         deleted = 0
         for ttype, ttl, exclude in expiry_rules(self.config, older_than, task_type):
@@ -293,6 +335,10 @@ class RedisStore(BaseStore):
             for row in rows:  # bodies last: a crash in between leaves a stray blob, never a dangling index entry
                 self.blobs.delete(row["body_url"])
         return len(ids)
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise StoreError(f"the Redis store {self.p!r} was opened read-only; open it without read_only to write")
 
     def close(self) -> None:
         """Close the connection pool, worker threads and the blob store."""

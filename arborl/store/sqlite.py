@@ -34,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from arborl.store.base import (
     EpisodeNotFound,
@@ -98,29 +99,44 @@ class SQLiteStore(BaseStore):
     """Trajectory store in one SQLite file.
 
     Args:
-        path: Database file (created with its parent directory if missing).
-        blobs: Blob store for media (default: files in ``<path>.blobs/``).
+        path: Database file (created with its parent directory if missing and ``create``).
+        blobs: Blob store for media (default: files in ``<path>.blobs/``, made by the first media put).
         config: TTLs and other shared settings.
         synchronous: SQLite ``synchronous`` pragma: "normal" (default) or "full".
         busy_timeout_s: How long a writer waits for another process's write lock.
+        create: Create a missing (or empty) file as a new store.
+        read_only: Open for reading only: nothing is created or changed (SQLite may add the store's
+            own ``-wal``/``-shm`` files, as any reader of a WAL database does); writes raise.
+
+    Raises:
+        StoreError: the file is missing (and not ``create``), is not an SQLite database, or is a
+            database that is not an arborl store; it is then left exactly as it was.
     """
 
     def __init__(self, path: str | Path, blobs: BlobStore | None = None, config: StoreConfig | None = None,
-                 synchronous: str = "normal", busy_timeout_s: float = 60.0) -> None:
+                 synchronous: str = "normal", busy_timeout_s: float = 60.0, create: bool = True,
+                 read_only: bool = False) -> None:
         if synchronous.lower() not in ("normal", "full"):
             raise StoreError(f"synchronous must be 'normal' or 'full', got {synchronous!r}")
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.read_only = read_only
+        is_store = _inspect(self.path, create and not read_only)
         self.blobs = blobs or FileBlobStore(str(self.path) + ".blobs")
         self.config = config or StoreConfig()
         self._lock = threading.RLock()
+        if not is_store:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        target = f"file:{quote(str(self.path.resolve()))}?mode=ro" if read_only else str(self.path)
         # Autocommit mode: transactions are explicit BEGIN IMMEDIATE ... COMMIT below.
-        self._db = sqlite3.connect(str(self.path), timeout=busy_timeout_s, isolation_level=None,
-                                   check_same_thread=False)
+        self._db = sqlite3.connect(target, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False,
+                                   uri=read_only)
         self._db.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+        self._db.execute("PRAGMA cache_size=-65536")  # 64 MiB page cache
+        if read_only:
+            self._legacy = self._check_layout()
+            return
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
-        self._db.execute("PRAGMA cache_size=-65536")  # 64 MiB page cache
         # Checkpoint the WAL every 32 MiB, not every 4 MiB (the default): a 500-episode put_many
         # writes ~4 MiB, so the default copied and fsynced the database after nearly every commit
         # (half the write time). Durability is unchanged: a commit is durable once in the WAL.
@@ -128,25 +144,31 @@ class SQLiteStore(BaseStore):
         self._db.execute(f"PRAGMA journal_size_limit={64 << 20}")  # truncate the WAL back after a checkpoint
         self._init_layout()
 
+    def _check_layout(self) -> bool:
+        """Refuse a layout newer than this arborl reads; return whether the layout-1 turns table exists."""
+        row = self._db.execute("SELECT value FROM store_meta WHERE key='layout_version'").fetchone()
+        if row is not None and int(row[0]) > LAYOUT_VERSION:
+            raise StoreError(
+                f"{self.path} has store layout version {row[0]}, written by a newer arborl; this arborl "
+                f"reads layout <= {LAYOUT_VERSION}. Upgrade arborl to open it."
+            )
+        return self._db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'turns'").fetchone() is not None
+
     def _init_layout(self) -> None:
         with self._write():
             for stmt in _SCHEMA.split(";"):
                 if stmt.strip():
                     self._db.execute(stmt)
-            row = self._db.execute("SELECT value FROM store_meta WHERE key='layout_version'").fetchone()
-            if row is not None and int(row[0]) > LAYOUT_VERSION:
-                raise StoreError(
-                    f"{self.path} has store layout version {row[0]}, written by a newer arborl; this arborl "
-                    f"reads layout <= {LAYOUT_VERSION}. Upgrade arborl to open it."
-                )
+            self._legacy = self._check_layout()
             # Layout 1 -> 2 adds turn_records (above) for new episodes and keeps the old turns table
             # for reading; the new version number keeps older arborl, which would miss those
             # turns, from opening the store.
             self._db.execute("INSERT OR REPLACE INTO store_meta VALUES('layout_version', ?)", (str(LAYOUT_VERSION),))
-            self._legacy = self._db.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'turns'").fetchone() is not None
 
     def _write(self) -> _Tx:
+        if self.read_only:
+            raise StoreError(f"{self.path} was opened read-only; open it without read_only to write")
         return _Tx(self._db, self._lock)
 
     # --- write ---------------------------------------------------------------------------------
@@ -226,39 +248,30 @@ class SQLiteStore(BaseStore):
             got = self._db.execute(sql, [*args, *ka, limit]).fetchall()
         return [(_row(r[1:]), r[0]) for r in got]
 
-    def _load_many(self, rows: Sequence[IndexRow]) -> list[Episode]:
-        if not rows:
-            return []
-        return self.get_many([r.episode_id for r in rows])
+    def _fetch(self, ids: list[str]) -> dict[str, Episode]:
+        """The stored episodes among ``ids``, by id: index rows and turns read in one transaction.
 
-    def get_many(self, episode_ids: Sequence[str]) -> list[Episode]:
-        """Episodes in the order of ``episode_ids``.
-
-        Raises:
-            EpisodeNotFound: an id is not stored.
-            SchemaError: a record was written by a newer arborl.
+        One read transaction is one WAL snapshot, so an ``expire`` committed by another process
+        meanwhile is either wholly visible (the episode is absent) or not at all (it is whole).
         """
-        ids = list(episode_ids)
         metas: dict[str, tuple[int, int, str]] = {}
         bodies: dict[int, list[dict[str, Any]]] = {}
         with gc_paused():  # a page of 100 episodes is ~100k new objects: no collections meanwhile
             with self._lock:
-                for i in range(0, len(ids), _CHUNK):
-                    part = ids[i:i + _CHUNK]
-                    marks = ",".join("?" * len(part))
-                    for seq, eid, sv, meta in self._db.execute(
-                            f"SELECT seq, episode_id, schema_version, meta FROM episodes WHERE episode_id IN ({marks})",
-                            part):
-                        check_schema_version(eid, sv)  # before decoding turns a newer arborl wrote
-                        metas[eid] = (seq, sv, meta)
-                    bodies.update(read_turns(self._db, [metas[e][0] for e in part if e in metas], self._legacy))
-            out = []
-            for eid in ids:
-                if eid not in metas:
-                    raise EpisodeNotFound(eid)
-                seq, sv, meta = metas[eid]
-                out.append(episode_from(eid, sv, meta, bodies.get(seq, [])))
-        return out
+                self._db.execute("BEGIN")
+                try:
+                    for i in range(0, len(ids), _CHUNK):
+                        part = ids[i:i + _CHUNK]
+                        marks = ",".join("?" * len(part))
+                        for seq, eid, sv, meta in self._db.execute(
+                                f"SELECT seq, episode_id, schema_version, meta FROM episodes WHERE episode_id IN ({marks})",
+                                part):
+                            check_schema_version(eid, sv)  # before decoding turns a newer arborl wrote
+                            metas[eid] = (seq, sv, meta)
+                        bodies.update(read_turns(self._db, [metas[e][0] for e in part if e in metas], self._legacy))
+                finally:
+                    self._db.execute("COMMIT")
+            return {eid: episode_from(eid, sv, meta, bodies.get(seq, [])) for eid, (seq, sv, meta) in metas.items()}
 
     def slice(self, episode_id: str, start: int = 0, stop: int | None = None) -> list[Turn]:
         """Turns ``start..stop-1`` along the main path, reading only those turn rows.
@@ -268,12 +281,16 @@ class SQLiteStore(BaseStore):
         if start < 0 or (stop is not None and stop < 0):
             raise ValueError("slice takes non-negative start/stop; read n_turns from the index row for the length")
         with self._lock:
-            head = self._db.execute(
-                "SELECT seq, schema_version FROM episodes WHERE episode_id = ?", (episode_id,)).fetchone()
-            if head is None:
-                raise EpisodeNotFound(episode_id)
-            check_schema_version(episode_id, head[1])
-            tds = read_path(self._db, head[0], start, stop, self._legacy)
+            self._db.execute("BEGIN")  # the index row and the turns from one snapshot
+            try:
+                head = self._db.execute(
+                    "SELECT seq, schema_version FROM episodes WHERE episode_id = ?", (episode_id,)).fetchone()
+                if head is None:
+                    raise EpisodeNotFound(episode_id)
+                check_schema_version(episode_id, head[1])
+                tds = read_path(self._db, head[0], start, stop, self._legacy)
+            finally:
+                self._db.execute("COMMIT")
         return turns_from(episode_id, head[1], tds)
 
     def count(self, **filters: Any) -> int:
@@ -347,6 +364,61 @@ class SQLiteStore(BaseStore):
         with self._lock:
             self._db.close()
         self.blobs.close()
+
+
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _inspect(path: Path, create: bool) -> bool:
+    """Whether ``path`` is an arborl store; ``False`` for a new store (missing or empty file, with ``create``).
+
+    Reads the file without changing it (SQLite's ``immutable`` mode takes no locks and writes no
+    ``-wal``/``-shm`` files; a WAL database whose ``-wal`` file exists is being used, and is read
+    as any reader reads it), and only then lets the store open it for writing.
+
+    Raises:
+        StoreError: the file is missing or empty and not ``create``, is not an SQLite database, or
+            is a database that is not an arborl store.
+    """
+    size = path.stat().st_size if path.is_file() else None
+    if size is None and path.exists():
+        raise StoreError(f"{path} is not a file; point the store URL at an arborl store or a new file")
+    if not size:
+        if create:
+            return False
+        raise StoreError(f"no store at {path}" + ("" if size is None else " (the file is empty)"))
+    with path.open("rb") as f:
+        header = f.read(20)
+    if header[:len(_SQLITE_HEADER)] != _SQLITE_HEADER:
+        raise StoreError(f"{path} is not an SQLite database (it does not start with SQLite's header), so not an "
+                         "arborl store; point the store URL at an arborl store or at a new file")
+    # A WAL database in use (its -wal file exists) may hold its tables in the WAL only (a new store
+    # before its first checkpoint): read it as any reader does, which the -wal file's owner allows.
+    in_use = header[18:19] == b"\x02" and Path(f"{path}-wal").exists()
+    mode = "mode=ro" if in_use else "mode=ro&immutable=1"
+    db = sqlite3.connect(f"file:{quote(str(path.resolve()))}?{mode}", uri=True)
+    try:
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        layout = _layout_row(db) if "store_meta" in tables else None
+    except sqlite3.DatabaseError as e:
+        raise StoreError(f"{path} cannot be read as an SQLite database ({e}); point the store URL at an arborl "
+                         "store or at a new file") from e
+    finally:
+        db.close()
+    if not tables and create:
+        return False  # an SQLite database with nothing in it: safe to make a store of
+    if layout is None or "episodes" not in tables:
+        shown = ", ".join(sorted(tables)[:6]) + (", ..." if len(tables) > 6 else "")
+        raise StoreError(f"{path} is an SQLite database but not an arborl store (its tables: {shown or 'none'}); "
+                         "arborl writes nothing into it: point the store URL at an arborl store or at a new file")
+    return True
+
+
+def _layout_row(db: sqlite3.Connection) -> tuple[str] | None:
+    try:
+        return db.execute("SELECT value FROM store_meta WHERE key = 'layout_version'").fetchone()
+    except sqlite3.OperationalError:  # a foreign table that happens to be called store_meta
+        return None
 
 
 class _Tx:

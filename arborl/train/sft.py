@@ -21,6 +21,7 @@ from arborl.train.config import TrainConfig
 from arborl.train.loggers import Metrics
 from arborl.train.progress import progress
 from arborl.train.stages import evaluate, policy_dir
+from arborl.trajectory import content_hash
 
 
 def lr_schedule(step: int, *, total: int, warmup: int) -> float:
@@ -37,7 +38,7 @@ def train_sft(
     """Run SFT; returns the checkpoint dir and the demonstration statistics."""
     out = policy_dir(cfg, "sft")
     # A stable order independent of ids and timestamps, so a rerun of the same config trains identically.
-    demos = sorted(store.iter_episodes(source="synth"), key=lambda e: (e.task_id, e.content_hash()))
+    demos = sorted(store.iter_episodes(source="synth"), key=lambda e: (e.task_id, content_hash(e)))
     if not demos:
         raise RuntimeError(f"no synth episodes in {cfg.store_url}; run the synth stage first (arborl synth CONFIG)")
     model, tok = load_policy(init_path)

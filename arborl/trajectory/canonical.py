@@ -1,12 +1,14 @@
-"""The canonical form of an episode: the bytes :meth:`Episode.content_hash` hashes and the store encodes.
+"""The canonical form of an episode and :func:`content_hash`, the one definition of the hash.
 
-Kept apart from :mod:`arborl.trajectory.schema` (the record types) because it is the one piece
-tuned for speed: the trajectory store builds its rows from the same pieces, so content hashing and
-storage share one definition.
+Kept apart from :mod:`arborl.trajectory.schema` (the record types, which this module imports and
+which import nothing from here) because it is the one piece tuned for speed: the trajectory store
+builds its rows from the same pieces (:func:`canonical_turns`), so content hashing and storage
+share one definition, and the store hashes with :func:`content_hash` on the pieces it built.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import struct
@@ -18,13 +20,7 @@ from json.encoder import c_make_encoder, encode_basestring_ascii
 from operator import countOf
 from typing import Any, NamedTuple
 
-from arborl.trajectory.schema import (
-    _EPISODE_SCALARS,
-    _TURN_FIELDS,
-    Episode,
-    ToolCall,
-    _plain,
-)
+from arborl.trajectory.schema import EPISODE_FIELDS, TURN_FIELDS, Episode, ToolCall, plain
 
 # --- canonical form (content hash) -----------------------------------------------------------
 # canonical_episode() is a byte string of frames, each a tag byte, a little-endian uint64 length
@@ -66,7 +62,7 @@ def compact_json_encoder(sort_keys: bool) -> Callable[[Any], str]:
 
 _canon_encode = compact_json_encoder(sort_keys=True)
 HASH_EXCLUDED = frozenset({"episode_id", "created_at", "group_id", "iteration", "tags", "metadata"})
-"""Episode fields that :meth:`Episode.content_hash` leaves out (ids, timestamps, grouping, labels)."""
+"""Episode fields that :func:`content_hash` leaves out (ids, timestamps, grouping, labels)."""
 CANONICAL_ARRAYS = ("output_ids", "output_logprobs", "output_mask", "prompt_ids")
 """Token array fields of a turn in canonical (sorted-key) order: :attr:`CanonicalTurn.arrays`."""
 ARRAY_CODES = ("i", "d", "b", "i")
@@ -92,6 +88,13 @@ class CanonicalTurn(NamedTuple):
         tail: ``"result":...`` through ``"valid":...`` (keys after ``prompt_ids``).
         rest: ``{head,mid,tail}``: the turn's JSON without its four token arrays.
         record: The turn's frames of :func:`canonical_episode`.
+        checked: The usual turn, proven storable in passing (:meth:`Episode.validate` then checks
+            only what this leaves open): every scalar field of its declared type (str, int, bool,
+            a finite float, ``None`` where optional, a dict, a list, a ToolCall); no ``\\u``
+            escape in the JSON text (so no NUL and no surrogate; non-ASCII text goes the full
+            way); all four token arrays packed in one go, so
+            lists of exact-type values (int32 ids, finite float log-probs of magnitude below
+            2**49 and none -0.0, a 0/1 mask) of one length for the three output arrays.
     """
 
     head: str
@@ -99,6 +102,7 @@ class CanonicalTurn(NamedTuple):
     tail: str
     rest: str
     record: bytes
+    checked: bool
 
     @property
     def arrays(self) -> tuple[bytes | str, ...]:
@@ -164,8 +168,14 @@ def _packed_record(rest: str, oi: Any, ol: Any, om: Any, pi: Any) -> bytes | Non
     return b"".join((_FRAME(b"t", len(r)), r, outputs, prompts))
 
 
+# The high byte of a little-endian float64 is its sign and the top 7 bits of its exponent. Below
+# 0x43 (0xC3 with the sign) the magnitude is under 2**49, well inside values.FLOAT_LIMIT (1e16);
+# 0x80 is the high byte of -0.0 (and of negative numbers below 2**-1007), which is left out too.
+_CLEAR_HIGH_BYTES = bytes([*range(0x43), *range(0x81, 0xC3)])
+
+
 def _json(v: Any) -> str:
-    """``_CANON.encode(_plain(v))`` with the common types formatted directly."""
+    """``_CANON.encode(plain(v))`` with the common types formatted directly."""
     t = type(v)
     if t is str:
         return encode_basestring_ascii(v)
@@ -189,7 +199,7 @@ def _json(v: Any) -> str:
     try:  # plain JSON data encodes as is; _plain converts what asdict would (dataclasses inside)
         return _canon_encode(v)
     except TypeError:
-        return _canon_encode(_plain(v))
+        return _canon_encode(plain(v))
 
 
 def _tool_call_json(v: ToolCall) -> str:
@@ -281,7 +291,7 @@ def pack_array(values: Any, code: str) -> bytes | str:
     packed = _PACK[code](values)
     if packed is not None:
         return packed
-    text = _CANON.encode(_plain(values))
+    text = _CANON.encode(plain(values))
     packed = _PACK[code](json.loads(text))  # tuples, int/float subclasses: as their JSON value
     return text if packed is None else packed
 
@@ -374,40 +384,48 @@ def canonical_turns(ep: Episode) -> list[CanonicalTurn]:
     out = []
     esc, irepr, frepr, js, tc_js = encode_basestring_ascii, int.__repr__, float.__repr__, _json, _tool_call_json
     new_turn = partial(tuple.__new__, CanonicalTurn)  # CanonicalTurn(...) without its Python-level __new__
+    n_odd = 0
+
+    def odd(v: Any) -> str:  # a field not of its declared type: formatted all the same, and counted
+        nonlocal n_odd
+        n_odd += 1
+        return js(v)
+
     for i, t in enumerate(ep.turns):
+        n_odd = 0
         # Each field formatted inline for its usual type (str, int, bool, None, an empty dict or
         # list, a finite float) and through _json otherwise: the same text _CANON gives, without
         # a function call per field. The keys are spelled out: an f-string beats a join over them.
         v = t.action
-        action = esc(v) if type(v) is str else js(v)
+        action = esc(v) if type(v) is str else "null" if v is None else odd(v)
         v = t.action_text
-        action_text = esc(v) if type(v) is str else js(v)
+        action_text = esc(v) if type(v) is str else odd(v)
         v = t.error
-        error = "null" if v is None else js(v)
+        error = "null" if v is None else esc(v) if type(v) is str else odd(v)
         v = t.index
-        index = irepr(v) if type(v) is int else js(v)
+        index = irepr(v) if type(v) is int else odd(v)
         v = t.info
-        info = "{}" if type(v) is dict and not v else js(v)
+        info = ("{}" if not v else js(v)) if type(v) is dict else odd(v)
         v = t.media
-        media = "[]" if type(v) is list and not v else js(v)
+        media = ("[]" if not v else js(v)) if type(v) is list else odd(v)
         v = t.observation
-        obs = esc(v) if type(v) is str else js(v)
+        obs = esc(v) if type(v) is str else odd(v)
         v = t.policy_version
-        pv = irepr(v) if type(v) is int else js(v)
+        pv = irepr(v) if type(v) is int else odd(v)
         v = t.result
-        result = esc(v) if type(v) is str else js(v)
+        result = esc(v) if type(v) is str else "null" if v is None else odd(v)
         v = t.reward
-        reward = frepr(v) if type(v) is float and v - v == 0.0 else js(v)  # finite: v - v is 0
+        reward = frepr(v) if type(v) is float and v - v == 0.0 else odd(v)  # finite: v - v is 0
         v = t.state_key
-        state_key = "null" if v is None else js(v)
+        state_key = "null" if v is None else esc(v) if type(v) is str else odd(v)
         v = t.tool_call
-        tool = tc_js(v) if type(v) is ToolCall else js(v)
+        tool = tc_js(v) if type(v) is ToolCall else "null" if v is None else odd(v)
         v = t.terminated
-        term = "true" if v is True else "false" if v is False else js(v)
+        term = "true" if v is True else "false" if v is False else odd(v)
         v = t.truncated
-        trunc = "true" if v is True else "false" if v is False else js(v)
+        trunc = "true" if v is True else "false" if v is False else odd(v)
         v = t.valid
-        valid = "true" if v is True else "false" if v is False else js(v)
+        valid = "true" if v is True else "false" if v is False else odd(v)
         head = (f'"action":{action},"action_text":{action_text},"error":{error},"index":{index},"info":{info},'
                 f'"media":{media},"observation":{obs}')
         parent = "null" if t.parent_id is None else order[t.parent_id]
@@ -416,15 +434,40 @@ def canonical_turns(ep: Episode) -> list[CanonicalTurn]:
                 f'"tool_call":{tool},"truncated":{trunc},"turn_id":{i},"valid":{valid}')
         rest = f"{{{head},{mid},{tail}}}"
         record = _packed_record(rest, t.output_ids, t.output_logprobs, t.output_mask, t.prompt_ids)
+        # checked: declared types throughout, no NUL or surrogate escape in the text, storable arrays
+        n = len(t.output_ids)
+        lo = len(rest) + 27 + 4 * n  # the log-prob payload in the record; its high bytes: [lo + 7::8]
+        checked = (n_odd == 0 and record is not None and "\\u" not in rest  # no escape: ASCII text, no NUL
+                   and not record[lo + 7:lo + 8 * n:8].translate(None, _CLEAR_HIGH_BYTES))
         if record is None:  # not plain lists of exact values: the general rule decides, array by array
             record = _record(rest, (pack_array(t.output_ids, "i"), pack_array(t.output_logprobs, "d"),
                                     pack_array(t.output_mask, "b"), pack_array(t.prompt_ids, "i")))
-        out.append(new_turn((head, mid, tail, rest, record)))
+        out.append(new_turn((head, mid, tail, rest, record, checked)))
     return out
 
 
+def content_hash(ep: Episode, turns: list[CanonicalTurn] | None = None) -> str:
+    """sha256 (hex) of the episode's content, independent of ids, timestamps and grouping.
+
+    Two episodes with the same task, same turns (tokens, log-prob bits, masks, actions,
+    results, rewards) and the same tree shape hash equal, whatever their ``episode_id``, turn
+    ids, ``created_at``, ``group_id``, ``iteration``, ``tags``, ``metadata`` and turn
+    ``timings``: the store uses this for deduplication. Any other change (one token id, one bit
+    of one log-prob, one mask value, an action, a reward) changes the hash. The hashed bytes are
+    :func:`canonical_episode`'s.
+
+    Args:
+        ep: The episode.
+        turns: Its :func:`canonical_turns`, when the caller built them already (the store does).
+
+    Raises:
+        ValueError: a non-finite float. TypeError: a value is not JSON-able.
+    """
+    return hashlib.sha256(canonical_episode(ep, canonical_turns(ep) if turns is None else turns)).hexdigest()
+
+
 def canonical_episode(ep: Episode, turns: list[CanonicalTurn]) -> bytes:
-    """The bytes :meth:`Episode.content_hash` hashes, from the turns' canonical pieces."""
+    """The bytes :func:`content_hash` hashes, from the turns' canonical pieces."""
     j = _json  # the fields of _HASHED_FIELDS in sorted order, as _CANON would write the dict of them
     head = (f'{{"policy_version":{j(ep.policy_version)},"rewards":{j(ep.rewards)},'
             f'"schema_version":{j(ep.schema_version)},"seed":{j(ep.seed)},"source":{j(ep.source)},'
@@ -434,8 +477,9 @@ def canonical_episode(ep: Episode, turns: list[CanonicalTurn]) -> bytes:
     return b"".join(parts)
 
 
-_HASHED_FIELDS = tuple(f for f in _EPISODE_SCALARS if f not in HASH_EXCLUDED)
+_HASHED_FIELDS = tuple(f for f in EPISODE_FIELDS if f not in HASH_EXCLUDED)
 _ORDER = [*_HEAD, *CANONICAL_ARRAYS[:3], "parent_id", "policy_version", "prompt_ids", *_TAIL, "turn_id", "valid"]
 _HASHED_ORDER = ["policy_version", "rewards", "schema_version", "seed", "source", "stop_reason", "task_id", "task_type"]
-if sorted(f for f in _TURN_FIELDS if f != "timings") != _ORDER or sorted(_HASHED_FIELDS) != _HASHED_ORDER:
-    raise ImportError("the canonical form above no longer covers the Turn/Episode fields; update it")
+if sorted(f for f in TURN_FIELDS if f != "timings") != _ORDER or sorted(_HASHED_FIELDS) != _HASHED_ORDER:
+    raise ImportError("the canonical form above no longer covers the Turn/Episode fields; update it "
+                      "(docs/trajectory.md: adding a Turn field)")

@@ -17,21 +17,50 @@ exceptions that kill the trainer.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import math
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from operator import countOf
-from typing import Any
+from operator import countOf, itemgetter
+from typing import Any, Literal, get_args
+
+from arborl.trajectory.values import (
+    FLOAT_LIMIT,
+    INT32_MAX,
+    INT32_MIN,
+    INT_MAX,
+    INT_MIN,
+    SchemaError,
+    check_int,
+    check_json,
+    check_number,
+    check_texts,
+    check_token_arrays,
+    number_problem,
+    raise_type,
+    text_problem,
+)
 
 SCHEMA_VERSION = 1
 """Bump when a field changes meaning; readers refuse versions newer than they know."""
 
+StopReason = Literal["", "terminated", "truncated", "max_turns", "max_context", "env_error"]
+"""Why an episode ended (:attr:`Episode.stop_reason`), as the rollout engine writes it:
 
-class SchemaError(ValueError):
-    """A trajectory record is malformed; the message names the field and the fix."""
+* ``"terminated"``: the environment reached a terminal state;
+* ``"truncated"``: the environment cut the episode (its own step or time limit);
+* ``"max_turns"``: the rollout's ``max_turns`` budget ran out;
+* ``"max_context"``: the next turn would not fit the model's context (``max_context_tokens``);
+* ``"env_error"``: the env, a tool or generation raised; the error text is on the episode
+  (``metadata["error"]``) or its last turn (``Turn.error``);
+* ``""``: not recorded (an episode built by hand, or still running).
+"""
+UNIX_TIME_MIN, UNIX_TIME_MAX = -62_135_596_800, 253_402_300_799
+"""``Episode.created_at`` range: the unix times of 0001-01-01 and 9999-12-31 23:59:59 UTC (``datetime``'s)."""
+STOP_REASONS: tuple[str, ...] = get_args(StopReason)
+"""The values of :data:`StopReason`; :meth:`Episode.validate` refuses any other."""
 
 
 def new_id() -> str:
@@ -116,23 +145,101 @@ class Turn:
     info: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
-        """Raise :class:`SchemaError` naming the first inconsistent field."""
-        n = len(self.output_ids)
-        if len(self.output_logprobs) != n:
-            raise SchemaError(
-                f"turn {self.turn_id}: output_logprobs has {len(self.output_logprobs)} entries but "
-                f"output_ids has {n}; record one behaviour log-prob per generated token")
-        if len(self.output_mask) != n:
-            raise SchemaError(
-                f"turn {self.turn_id}: output_mask has {len(self.output_mask)} entries but output_ids "
-                f"has {n}; record one mask value (0/1) per generated token")
-        if not math.isfinite(self.reward):
-            raise SchemaError(f"turn {self.turn_id}: reward is {self.reward}; step rewards must be finite")
-        s = sum(self.output_logprobs)  # C loops below; a finite sum means every value is finite
-        if s - s != 0 and not all(map(math.isfinite, self.output_logprobs)):
-            raise SchemaError(f"turn {self.turn_id}: output_logprobs contains a non-finite value")
-        if countOf(self.output_mask, 0) + countOf(self.output_mask, 1) != len(self.output_mask):  # m in (0, 1)
-            raise SchemaError(f"turn {self.turn_id}: output_mask values must be 0 or 1")
+        """Raise :class:`SchemaError` naming the first field that is inconsistent or cannot be stored.
+
+        Beyond the consistency rules (one log-prob and one mask value per output token, a finite
+        reward), every value must be storable data as :mod:`arborl.trajectory.values` defines it,
+        so that every store backend reads back exactly what was written.
+        """
+        check_texts(self._checked_texts(), f"turn {self.turn_id}")
+
+    def _checked_texts(self, checked: bool = False) -> list[str]:
+        """Check everything but the text content; return the texts to check (in one pass, by the caller).
+
+        With ``checked``, the canonical encoder has proven the declared types, the token arrays
+        and the texts it writes (:attr:`~arborl.trajectory.canonical.CanonicalTurn.checked`):
+        what is left are the number ranges, the contents of the dicts, and the ids it replaced.
+        """
+        if checked:
+            texts = [self.turn_id] if self.parent_id is None else [self.turn_id, self.parent_id]
+            if countOf(map(type, texts), str) != len(texts):  # the ids are not in the encoder's text
+                raise_type(self, ("turn_id", "parent_id"), str, f"turn {self.turn_id}", optional=True)
+        else:
+            values = tuple(self.__dict__.values())
+            signature = tuple(map(type, values))  # the field types, checked once per distinct signature
+            pick = _TEXTS_OF.get(signature)
+            if pick is None:
+                self._check_types()
+                pick = _TEXTS_OF[signature] = itemgetter(*[k for k, t in enumerate(signature) if t is str])
+            texts = [*pick(values)]
+            check_token_arrays(self, f"turn {self.turn_id}")
+        i, pv, r = self.index, self.policy_version, self.reward
+        if not (INT_MIN <= i <= INT_MAX and INT_MIN <= pv <= INT_MAX):
+            check_int(i, f"turn {self.turn_id}: index")
+            check_int(pv, f"turn {self.turn_id}: policy_version")
+        if not (-FLOAT_LIMIT < r < FLOAT_LIMIT and (r or math.copysign(1.0, r) > 0)):
+            check_number(r, f"turn {self.turn_id}: reward (step rewards must be finite numbers)")
+        if self.timings:
+            check_json(self.timings, f"turn {self.turn_id}: timings")
+        if self.info:
+            check_json(self.info, f"turn {self.turn_id}: info")
+        tc = self.tool_call
+        if tc is not None:
+            args = tc.arguments
+            n = len(args) if type(args) is dict else -1
+            if (type(tc.name) is str and tc.call_id is None and countOf(map(type, args), str) == n
+                    and countOf(map(type, args.values()), str) == n):  # the usual call: flat str arguments
+                if not checked:
+                    texts.append(tc.name)
+                    texts += args
+                    texts += args.values()
+            else:
+                self._check_tool_call(f"turn {self.turn_id}", texts)
+        if self.media:
+            self._check_media(f"turn {self.turn_id}", texts)
+        return texts
+
+    def _check_types(self) -> None:
+        """Each field of the type it declares (the slow path of :meth:`_checked_texts`, once per type signature)."""
+        where = f"turn {self.turn_id}"
+        raise_type(self, ("turn_id", "observation", "action_text"), str, where)
+        raise_type(self, _TURN_OPTIONAL_TEXT, str, where, optional=True)
+        raise_type(self, ("valid", "terminated", "truncated"), bool, where)
+        raise_type(self, ("index", "policy_version"), int, where)
+        raise_type(self, ("timings", "info"), dict, where)
+        raise_type(self, ("media",), list, where)
+        if type(self.reward) not in (int, float):
+            raise SchemaError(f"{where}: reward must be a number, got {self.reward!r}")
+        if self.tool_call is not None and type(self.tool_call) is not ToolCall:
+            raise SchemaError(f"{where}: tool_call must be a ToolCall or None, got {self.tool_call!r}")
+
+    def _check_media(self, where: str, texts: list[str]) -> None:
+        """``media``: MediaRefs with str fields (their texts join ``texts``)."""
+        for k, m in enumerate(self.media):
+            if type(m) is not MediaRef or type(m.url) is not str or type(m.mime) is not str or (
+                    m.sha256 is not None and type(m.sha256) is not str):
+                raise SchemaError(f"{where}: media[{k}] must be a MediaRef with str url, mime and sha256 (or None), "
+                                  f"got {m!r}")
+            texts += (m.url, m.mime) if m.sha256 is None else (m.url, m.mime, m.sha256)
+
+    def _check_tool_call(self, where: str, texts: list[str]) -> None:
+        """``tool_call``: a str name and call_id (or None), storable arguments (texts join ``texts``)."""
+        tc = self.tool_call
+        if type(tc.name) is not str or (tc.call_id is not None and type(tc.call_id) is not str):
+            raise SchemaError(f"{where}: tool_call must be a ToolCall with a str name and call_id (or None), got {tc!r}")
+        args = tc.arguments
+        if type(args) is not dict:
+            raise SchemaError(f"{where}: tool_call.arguments must be a dict, got {type(args).__name__}")
+        texts.append(tc.name)
+        if tc.call_id is not None:
+            texts.append(tc.call_id)
+        if args:
+            check_json(args, f"{where}: tool_call.arguments")
+
+
+_TURN_OPTIONAL_TEXT = ("parent_id", "action", "result", "state_key", "error")
+_TEXTS_OF: dict[tuple[type, ...], Callable[[tuple[Any, ...]], tuple[str, ...]]] = {}
+"""Per type signature of a Turn's fields that passed :meth:`Turn._check_types`: which values are texts."""
 
 
 @dataclass
@@ -147,7 +254,7 @@ class Episode:
         seed: Environment seed used by ``reset``.
         turns: All turns of the tree, in creation order.
         rewards: Named episode scores; ``None`` means "not scored".
-        stop_reason: Why the episode ended: "terminated", "max_turns", "max_tokens", "error", ...
+        stop_reason: Why the episode ended: one of :data:`STOP_REASONS` (see :data:`StopReason`).
         policy_version: Version of the policy that generated the episode.
         iteration: Training iteration that produced it (-1 for synthetic/eval data).
         source: Which stage produced it: "synth", "rl", "eval", ...
@@ -164,7 +271,7 @@ class Episode:
     seed: int | None = None
     turns: list[Turn] = field(default_factory=list)
     rewards: dict[str, float | None] = field(default_factory=dict)
-    stop_reason: str = ""
+    stop_reason: StopReason = ""
     policy_version: int = 0
     iteration: int = -1
     source: str = ""
@@ -222,33 +329,101 @@ class Episode:
         s = self.rewards.get("success")
         return None if s is None else s > 0
 
-    def validate(self) -> None:
-        """Check the record; raise :class:`SchemaError` naming the field and the fix."""
-        if self.schema_version > SCHEMA_VERSION:
+    def validate(self, *, checked: Sequence[bool] | None = None) -> None:
+        """Check the record; raise :class:`SchemaError` naming the field and the fix.
+
+        Checks the types the fields declare, the tree (unique turn ids, parents before children),
+        each turn (:meth:`Turn.validate`), and that every value is storable data as
+        :mod:`arborl.trajectory.values` defines it (the same rules for every store backend).
+
+        Args:
+            checked: Per turn, whether the canonical encoder proved most of its rules in passing
+                (:attr:`~arborl.trajectory.canonical.CanonicalTurn.checked`); the store passes it
+                to skip those checks on its hot path.
+        """
+        eid = self.episode_id
+        if type(eid) is not str or not eid:
+            raise SchemaError(f"episode_id must be a non-empty string, got {eid!r}; give every episode a unique id")
+        where = f"episode {eid}"
+        sv = self.schema_version
+        check_int(sv, f"{where}: schema_version")
+        if sv > SCHEMA_VERSION:
             raise SchemaError(
-                f"episode {self.episode_id}: schema_version {self.schema_version} is newer than this "
-                f"arborl understands ({SCHEMA_VERSION}); upgrade arborl to read it")
-        if self.schema_version < 1:
-            raise SchemaError(f"episode {self.episode_id}: schema_version {self.schema_version} is invalid")
-        if not self.episode_id:
-            raise SchemaError("episode_id is empty; give every episode a unique id")
-        if not isinstance(self.task_type, str):
-            raise SchemaError(f"episode {self.episode_id}: task_type must be a string")
-        for k, v in self.rewards.items():
-            if v is not None and not math.isfinite(v):
-                raise SchemaError(
-                    f"episode {self.episode_id}: rewards[{k!r}] is {v}; use a finite number or None (not scored)")
+                f"{where}: schema_version {sv} is newer than this arborl understands ({SCHEMA_VERSION}); "
+                "upgrade arborl to read it")
+        if sv < 1:
+            raise SchemaError(f"{where}: schema_version {sv} is invalid")
+        texts = [eid, self.task_id, self.task_type, self.group_id, self.source, self.stop_reason]
+        if countOf(map(type, texts), str) != 6:
+            raise_type(self, _EPISODE_TEXT, str, where)
+        if self.stop_reason not in STOP_REASONS:
+            raise SchemaError(f"{where}: stop_reason {self.stop_reason!r} is not one of {list(STOP_REASONS)}")
+        self._check_values(where, texts)
+        turns = self.turns
+        if type(turns) is not list:
+            raise SchemaError(f"{where}: turns must be a list of Turn, got {type(turns).__name__}")
         seen: set[str] = set()
-        for t in self.turns:
+        for k, t in enumerate(turns):
+            if type(t) is not Turn:
+                raise SchemaError(f"{where}: turns holds a {type(t).__name__}, not a Turn")
             if t.turn_id in seen:
-                raise SchemaError(f"episode {self.episode_id}: duplicate turn_id {t.turn_id}")
+                raise SchemaError(f"{where}: duplicate turn_id {t.turn_id}")
             if t.parent_id is not None and t.parent_id not in seen:
                 raise SchemaError(
-                    f"episode {self.episode_id}: turn {t.turn_id} names parent {t.parent_id}, which does "
-                    "not precede it; list parents before children"
-                )
+                    f"{where}: turn {t.turn_id} names parent {t.parent_id}, which does not precede it; "
+                    "list parents before children")
             seen.add(t.turn_id)
-            t.validate()
+            texts += t._checked_texts(checked is not None and checked[k])
+        try:
+            check_texts(texts, where)
+        except SchemaError:
+            self._raise_text_error(where)
+            raise
+
+    def _check_values(self, where: str, texts: list[str]) -> None:
+        """The numeric fields, tags, rewards and metadata (texts are added to ``texts``)."""
+        if self.seed is not None:
+            check_int(self.seed, f"{where}: seed")
+        for name in ("policy_version", "iteration"):  # 32-bit index columns
+            check_int(getattr(self, name), f"{where}: {name}", INT32_MIN, INT32_MAX)
+        check_number(self.created_at, f"{where}: created_at (a unix time)")
+        if not UNIX_TIME_MIN <= self.created_at <= UNIX_TIME_MAX:  # time partitions and exports use datetime
+            raise SchemaError(f"{where}: created_at = {self.created_at!r} is not a unix time of the years 1 to 9999 "
+                              f"({UNIX_TIME_MIN}..{UNIX_TIME_MAX})")
+        tags = self.tags
+        if type(tags) is not list or countOf(map(type, tags), str) != len(tags):
+            raise SchemaError(f"{where}: tags must be a list of strings, got {tags!r}")
+        texts += tags
+        rewards = self.rewards
+        if type(rewards) is not dict:
+            raise SchemaError(f"{where}: rewards must be a dict of name -> number or None, got {rewards!r}")
+        for k, v in rewards.items():
+            if type(k) is not str:
+                raise SchemaError(f"{where}: rewards has the key {k!r}; reward names are strings")
+            if v is not None and number_problem(v) is not None:
+                raise SchemaError(f"{where}: rewards[{k!r}] = {v!r} {number_problem(v)}; use a finite number or "
+                                  "None (not scored)")
+            texts.append(k)
+        if type(self.metadata) is not dict:
+            raise SchemaError(f"{where}: metadata must be a dict, got {type(self.metadata).__name__}")
+        if self.metadata:
+            check_json(self.metadata, f"{where}: metadata")
+
+    def _raise_text_error(self, where: str) -> None:
+        """Name the field of the first text that cannot be stored (the slow path of :meth:`validate`)."""
+        named = [(name, getattr(self, name)) for name in _EPISODE_TEXT]
+        named += [(f"tags[{k}]", v) for k, v in enumerate(self.tags)]
+        named += [(f"rewards key {k!r}", k) for k in self.rewards]
+        for t in self.turns:
+            named += [(f"turn {t.turn_id}: {name}", getattr(t, name)) for name in _TURN_TEXT]
+            named += [(f"turn {t.turn_id}: media[{k}].{a}", getattr(m, a)) for k, m in enumerate(t.media)
+                      for a in ("url", "mime", "sha256")]
+            if t.tool_call is not None:
+                named += [(f"turn {t.turn_id}: tool_call.{a}", getattr(t.tool_call, a)) for a in ("name", "call_id")]
+        for name, v in named:
+            why = None if v is None else text_problem(v)
+            if why is not None:
+                raise SchemaError(f"{where}: {name} = {v!r:.60} {why}; remove or replace it before storing")
 
     # --- serialization ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -257,8 +432,8 @@ class Episode:
         Token lists are copied with ``list()`` and free-form extras only when non-empty, so the
         result shares no mutable object with the episode at a fraction of ``asdict``'s cost.
         """
-        d = {name: _plain(getattr(self, name)) for name in _EPISODE_SCALARS}
-        d["turns"] = [{name: _plain(getattr(t, name)) for name in _TURN_FIELDS} for t in self.turns]
+        d = {name: plain(getattr(self, name)) for name in EPISODE_FIELDS}
+        d["turns"] = [{name: plain(getattr(t, name)) for name in TURN_FIELDS} for t in self.turns]
         return d
 
     def to_json(self) -> str:
@@ -294,40 +469,27 @@ class Episode:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Episode:
+        """Inverse of :meth:`to_json`."""
         return cls.from_dict(json.loads(text))
-
-    def content_hash(self) -> str:
-        """sha256 of the episode's content, independent of ids, timestamps and grouping.
-
-        Two episodes with the same task, same turns (tokens, log-prob bits, masks, actions,
-        results, rewards) and the same tree shape hash equal, whatever their ``episode_id``,
-        turn ids, ``created_at``, ``group_id``, ``iteration``, ``tags``, ``metadata`` and turn
-        ``timings``: the store uses this for deduplication. Any other change (one token id, one
-        bit of one log-prob, one mask value, an action, a reward) changes the hash. The hashed
-        bytes are :mod:`arborl.trajectory.canonical`'s ``canonical_episode``.
-        """
-        from arborl.trajectory.canonical import canonical_episode, canonical_turns  # it imports this module
-
-        return hashlib.sha256(canonical_episode(self, canonical_turns(self))).hexdigest()
 
 
 _SCALARS = frozenset((str, int, float, bool, type(None)))
 
 
-def _plain(v: Any) -> Any:
+def plain(v: Any) -> Any:
     """``dataclasses.asdict``'s conversion of one value: containers copied, dataclasses as dicts."""
     t = type(v)
     if t in _SCALARS:
         return v
     if t is list:
-        return list(v) if _SCALARS.issuperset(map(type, v)) else [_plain(x) for x in v]
+        return list(v) if _SCALARS.issuperset(map(type, v)) else [plain(x) for x in v]
     if t is ToolCall:
-        return {"name": v.name, "arguments": _plain(v.arguments), "call_id": v.call_id}
+        return {"name": v.name, "arguments": plain(v.arguments), "call_id": v.call_id}
     if t is dict:
-        return {k: _plain(x) for k, x in v.items()}
+        return {k: plain(x) for k, x in v.items()}
     if is_dataclass(v) and not isinstance(v, type):
         return asdict(v)
-    return tuple(_plain(x) for x in v) if t is tuple else copy.deepcopy(v)  # anything else: as asdict does
+    return tuple(plain(x) for x in v) if t is tuple else copy.deepcopy(v)  # anything else: as asdict does
 
 
 def _check_keys(d: dict[str, Any], cls: type, where: str) -> None:
@@ -340,8 +502,12 @@ def _check_keys(d: dict[str, Any], cls: type, where: str) -> None:
         raise SchemaError(f"{where} is missing field(s) {sorted(missing)}")
 
 
-_TURN_FIELDS = tuple(f.name for f in fields(Turn))
-_EPISODE_SCALARS = tuple(f.name for f in fields(Episode) if f.name != "turns")
+TURN_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Turn))
+"""The fields of :class:`Turn`, in declaration order (see docs/trajectory.md before adding one)."""
+EPISODE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Episode) if f.name != "turns")
+"""The fields of :class:`Episode` other than ``turns``, in declaration order."""
+_EPISODE_TEXT = ("episode_id", "task_id", "task_type", "group_id", "source", "stop_reason")
+_TURN_TEXT = ("turn_id", "observation", "action_text", *_TURN_OPTIONAL_TEXT)
 
 
 @dataclass

@@ -98,3 +98,31 @@ def s3_endpoint():
     url, stack = _service(moto_server)
     with stack:
         yield url
+
+
+SECRET = "s3cr3t-Pa55"
+"""The password of the password-protected servers below."""
+
+
+@pytest.fixture(scope="session")
+def pg_password_server():
+    """A PostgreSQL server that needs the password :data:`SECRET`; its URL carries it."""
+    from functools import partial
+
+    from store_services import postgres_server
+
+    url, stack = _service(partial(postgres_server, password=SECRET))
+    with stack:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def redis_password_server():
+    """A Redis server that needs the password :data:`SECRET`; its URL carries it."""
+    from functools import partial
+
+    from store_services import redis_server
+
+    url, stack = _service(partial(redis_server, password=SECRET))
+    with stack:
+        yield url

@@ -50,8 +50,11 @@ def _pg_bin(name: str) -> str:
 
 
 @contextlib.contextmanager
-def postgres_server() -> Iterator[str]:
-    """A throwaway PostgreSQL cluster (fsync off) on a free port; yields its URL."""
+def postgres_server(password: str | None = None) -> Iterator[str]:
+    """A throwaway PostgreSQL cluster (fsync off) on a free port; yields its URL.
+
+    With ``password``, logins need it (scram-sha-256) and the URL carries it.
+    """
     initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
     tmp = tempfile.mkdtemp(prefix="arborl-pg-")
     as_user: list[str] = []
@@ -63,13 +66,21 @@ def postgres_server() -> Iterator[str]:
         as_user = ["runuser", "-u", user, "--"]
     data, port = os.path.join(tmp, "data"), free_port()
     env = {**os.environ, "LC_ALL": "C"}
-    subprocess.run([*as_user, initdb, "-D", data, "-A", "trust", "-U", user, "-E", "UTF8", "--locale=C", "--no-sync"], check=True,
-                   capture_output=True, env=env, cwd=tmp)
+    auth = ["-A", "trust"]
+    if password is not None:
+        pwfile = os.path.join(tmp, "pw")
+        Path(pwfile).write_text(password + "\n")
+        if os.getuid() == 0:
+            shutil.chown(pwfile, user)
+        auth = ["-A", "scram-sha-256", f"--pwfile={pwfile}"]
+    subprocess.run([*as_user, initdb, "-D", data, *auth, "-U", user, "-E", "UTF8", "--locale=C", "--no-sync"],
+                   check=True, capture_output=True, env=env, cwd=tmp)
     opts = f"-c fsync=off -c full_page_writes=off -p {port} -k {tmp} -c listen_addresses=127.0.0.1"
     subprocess.run([*as_user, pg_ctl, "-D", data, "-o", opts, "-l", os.path.join(tmp, "log"), "-w", "start"],
                    check=True, capture_output=True, env=env, cwd=tmp)
     try:
-        yield f"postgresql://{user}@127.0.0.1:{port}/postgres"
+        login = user if password is None else f"{user}:{password}"
+        yield f"postgresql://{login}@127.0.0.1:{port}/postgres"
     finally:
         subprocess.run([*as_user, pg_ctl, "-D", data, "-m", "immediate", "stop"], capture_output=True, cwd=tmp)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -100,17 +111,18 @@ def _process(cmd: list[str], port: int) -> Iterator[subprocess.Popen]:
 
 
 @contextlib.contextmanager
-def redis_server() -> Iterator[str]:
-    """A throwaway redis-server (no persistence) on a free port; yields ``redis://...``."""
+def redis_server(password: str | None = None) -> Iterator[str]:
+    """A throwaway redis-server (no persistence) on a free port; yields ``redis://...`` (with ``password``: required)."""
     binary = shutil.which("redis-server")
     if not binary:
         raise ServiceMissing("redis-server not found (apt-get install redis-server; see scripts/setup/store.sh)")
     port = free_port()
     tmp = tempfile.mkdtemp(prefix="arborl-redis-")
     try:
+        auth = [] if password is None else ["--requirepass", password]
         with _process([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                       "--dir", tmp], port):
-            yield f"redis://127.0.0.1:{port}/0"
+                       "--dir", tmp, *auth], port):
+            yield f"redis://127.0.0.1:{port}/0" if password is None else f"redis://:{password}@127.0.0.1:{port}/0"
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

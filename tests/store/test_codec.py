@@ -11,6 +11,7 @@ import gc
 import hashlib
 import json
 import math
+import re
 import struct
 
 import pytest
@@ -23,11 +24,12 @@ from arborl.store.codec import prepare
 from arborl.trajectory.canonical import (
     CANONICAL_ARRAYS,
     canonical_turns,
+    content_hash,
     pack_array,
     split_record,
     unpack_array,
 )
-from arborl.trajectory.schema import Episode, MediaRef, ToolCall, Turn
+from arborl.trajectory.schema import Episode, MediaRef, SchemaError, ToolCall, Turn
 
 
 def _frame(tag: str, payload: bytes) -> bytes:
@@ -89,9 +91,20 @@ def odd_episodes() -> list[Episode]:
     return [*eps, Episode(episode_id="empty", task_type="x")]
 
 
+UNSTORABLE = {"ep000003": "prompt_ids must be a list", "ep000004": "NUL", "ep000006": "info['extra'] is a _Extra",
+              "ep000008": "index = 1180591620717411303424 is outside"}
+"""The odd episodes that the store refuses (they would not read back exactly), with the reason."""
+
+
 def test_content_hash_is_its_definition():
+    # the hash is defined for any JSON-able content; the store hashes (and keeps) only what reads back exactly
     for ep in odd_episodes():
-        assert ep.content_hash() == reference_hash(ep) == prepare(ep).row.content_hash, ep.episode_id
+        assert content_hash(ep) == reference_hash(ep), ep.episode_id
+        if ep.episode_id in UNSTORABLE:
+            with pytest.raises(SchemaError, match=re.escape(UNSTORABLE[ep.episode_id])):
+                prepare(ep)
+        else:
+            assert prepare(ep).row.content_hash == content_hash(ep), ep.episode_id
 
 
 def test_content_hash_of_output_arrays_that_do_not_all_pack():
@@ -101,7 +114,7 @@ def test_content_hash_of_output_arrays_that_do_not_all_pack():
     for k, mask in enumerate(([2, 1], [-1, 0], [300, 1], [0, 1], [1.0, 1], [1, 1])):
         ep.add_turn(Turn(turn_id=f"m{k}", output_ids=[5, 2**31 if k == 5 else 6], output_logprobs=[-0.5, -1.0],
                          output_mask=mask))
-    assert ep.content_hash() == reference_hash(ep)
+    assert content_hash(ep) == reference_hash(ep)
     assert [isinstance(c.arrays[2], bytes) for c in canonical_turns(ep)] == [False, False, False, True, False, True]
 
 
@@ -124,7 +137,7 @@ def test_content_hash_matches_the_definition_on_random_content(text, info, args,
               output_logprobs=lps, output_mask=[1] * len(lps), result=text, error=action)
     t1 = Turn(turn_id="b", parent_id="a" if parent else None, output_mask=ids, info={"v": args})
     ep = Episode(episode_id="e", task_id=text, rewards={text: None, "s": 0.5}, metadata={"m": args}, turns=[t0, t1])
-    assert ep.content_hash() == reference_hash(ep)
+    assert content_hash(ep) == reference_hash(ep)
 
 
 def test_content_hash_values_are_pinned():
@@ -132,8 +145,8 @@ def test_content_hash_values_are_pinned():
     ep = make_episode(3, branch=True, n_turns=3)
     ep.turns[0].media = [MediaRef(url="file:///a.png", mime="image/png")]
     ep.turns[1].info = {"b": [1, 2.5, None], "a": "é"}
-    assert ep.content_hash() == "d2f00a0c21a692fcfa745f6ccf08f4d1eb797fb21d6f2a2c2a74999d62e9be59"
-    assert make_episode(0).content_hash() == "90c0b4ee67d185e696665d43e779dc85af3f21f5c59b8feaa1080d7e3607cb0c"
+    assert content_hash(ep) == "d2f00a0c21a692fcfa745f6ccf08f4d1eb797fb21d6f2a2c2a74999d62e9be59"
+    assert content_hash(make_episode(0)) == "90c0b4ee67d185e696665d43e779dc85af3f21f5c59b8feaa1080d7e3607cb0c"
 
 
 def _variants(ep: Episode) -> list[tuple[str, Episode]]:
@@ -172,17 +185,22 @@ def _variants(ep: Episode) -> list[tuple[str, Episode]]:
     change("episode reward", lambda e: e.rewards.__setitem__("success", 0.25))
     change("task_id", lambda e: setattr(e, "task_id", "other"))
     change("seed", lambda e: setattr(e, "seed", 12345))
-    change("stop_reason", lambda e: setattr(e, "stop_reason", "error"))
+    change("stop_reason", lambda e: setattr(e, "stop_reason", "max_turns"))
     change("one turn more", lambda e: e.add_turn(Turn(turn_id="new", parent_id=e.turns[-1].turn_id)))
     return out
 
 
 def test_any_changed_content_changes_the_hash():
     for ep in (make_episode(1), make_episode(4, branch=True)):
-        hashes = {"original": ep.content_hash()}
+        hashes = {"original": content_hash(ep)}
         for name, e in _variants(ep):
-            assert e.content_hash() == reference_hash(e) == prepare(e).row.content_hash, name
-            hashes[name] = e.content_hash()
+            assert content_hash(e) == reference_hash(e), name
+            if name == "logprob -0.0":  # hashed apart from 0.0, but not storable (PostgreSQL has no -0.0)
+                with pytest.raises(SchemaError, match=r"output_logprobs\[0\] = -0.0"):
+                    prepare(e)
+            else:
+                assert prepare(e).row.content_hash == content_hash(e), name
+            hashes[name] = content_hash(e)
         assert len(set(hashes.values())) == len(hashes), hashes
 
 
@@ -195,8 +213,9 @@ def test_equal_content_hashes_equal_whatever_the_ids_and_timestamps():
     for t in other.turns:
         t.turn_id, t.parent_id = renamed[t.turn_id], None if t.parent_id is None else renamed[t.parent_id]
         t.timings = {"generate": 0.5}
+    assert content_hash(other) == content_hash(ep) == prepare(other).row.content_hash
     other.turns[0].prompt_ids = tuple(other.turns[0].prompt_ids)  # same JSON value: a tuple packs like a list
-    assert other.content_hash() == ep.content_hash() == prepare(other).row.content_hash
+    assert content_hash(other) == content_hash(ep)
 
 
 def test_content_hash_refuses_non_finite_numbers_like_json():
@@ -204,7 +223,7 @@ def test_content_hash_refuses_non_finite_numbers_like_json():
         ep = make_episode(1)
         ep.turns[1].output_logprobs = [-0.5, bad]
         with pytest.raises(ValueError, match="Out of range float"):
-            ep.content_hash()
+            content_hash(ep)
 
 
 def test_canonical_text_is_the_sorted_json_and_packed_text_leaves_out_the_packed_arrays():
@@ -238,7 +257,7 @@ def test_put_many_leaves_the_garbage_collector_as_it_found_it(sqlite_url, enable
         (gc.enable if enabled else gc.disable)()
         with open_store(sqlite_url) as store:
             store.put_many([make_episode(1), make_episode(2)])
-            with pytest.raises(Exception, match="JSON-able"):
+            with pytest.raises(SchemaError, match=r"info\['x'\] is a object"):
                 bad = make_episode(3)
                 bad.turns[0].info = {"x": object()}
                 store.put_many([bad])
@@ -247,7 +266,8 @@ def test_put_many_leaves_the_garbage_collector_as_it_found_it(sqlite_url, enable
         (gc.enable if was else gc.disable)()
 
 
-finite = st.floats(allow_nan=False, allow_infinity=False)
+finite = st.floats(allow_nan=False, allow_infinity=False, min_value=-1e15, max_value=1e15).map(
+    lambda x: x + 0.0)  # storable floats: below the jsonb limit, no -0.0 (x + 0.0 turns -0.0 into 0.0)
 
 
 @settings(max_examples=60, deadline=None)
@@ -266,7 +286,7 @@ def test_packed_turns_read_back_exactly(tmp_path_factory, prompt, out, int_logpr
     with open_store(f"sqlite:///{path}") as store:
         store.put_many([ep])
         back = store.get("e")
-        assert back == ep and back.content_hash() == ep.content_hash()
+        assert back == ep and content_hash(back) == content_hash(ep)
         assert [type(x) for x in back.turns[0].output_logprobs] == [type(x) for x in lps]
         assert store.slice("e", 0, 1)[0] == t
 

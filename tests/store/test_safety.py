@@ -31,7 +31,7 @@ WRITER = str(Path(__file__).parent / "writer_proc.py")
         (lambda d: d.update(policy_version="v1"), "policy_version"),
         (lambda d: d.update(created_at=math.nan), "created_at"),
         (lambda d: d.update(tags="a"), "tags"),
-        (lambda d: d["turns"][0].update(info={"x": math.inf}), "not JSON-able"),
+        (lambda d: d["turns"][0].update(info={"x": math.inf}), "info['x'] = inf is not finite"),
     ],
 )
 def test_malformed_episode_is_rejected_naming_the_field_and_nothing_is_stored(store_url, mutate, field):

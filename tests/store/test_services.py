@@ -17,6 +17,7 @@ from storekit import kill_writer_mid_ingest, make_episode
 
 from arborl.store import StoreConfig, StoreError, open_store
 from arborl.store.blob import S3BlobStore
+from arborl.trajectory import content_hash
 from arborl.trajectory.schema import SCHEMA_VERSION, SchemaError
 
 WRITER = str(Path(__file__).parent / "writer_proc.py")
@@ -121,7 +122,7 @@ def test_redis_sets_expireat_from_configured_ttl(redis_store_url):
         r = redis.Redis.from_url(redis_store_url.split("?")[0], decode_responses=True)
         ttl = r.ttl(f"{store.p}:ep:ep000001")
         assert 3500 < ttl <= 3602
-        assert r.ttl(f"{store.p}:hash:{make_episode(1, task_type='short', created_at=now).content_hash()}") > 3500
+        assert r.ttl(f"{store.p}:hash:{content_hash(make_episode(1, task_type='short', created_at=now))}") > 3500
         assert r.ttl(f"{store.p}:ep:ep000002") == -1  # no TTL configured for "keep"
 
 
