@@ -66,7 +66,7 @@ from arborl.rollout.config import EpisodeSpec, RolloutConfig
 from arborl.rollout.generate import TurnOutput, TurnRequest
 from arborl.rollout.policy import Policy, PolicySession
 from arborl.trajectory.schema import Episode, MediaRef, StopReason, Turn, new_id
-from arborl.trajectory.values import is_storable
+from arborl.trajectory.values import is_storable, storable_text
 
 
 @dataclass
@@ -235,12 +235,12 @@ def _start(
         if factory_error is not None:
             raise RuntimeError(factory_error)
         obs, _ = env.reset(seed=spec.seed, options=spec.options)
-        shown = env.format_observation(obs)
+        shown = _shown(env, obs)
         key = _key_text(env.state_key())
         prompt = renderer.first_prompt(shown)
     except Exception as exc:  # recorded on the episode; the batch goes on
         ep.stop_reason = "env_error"
-        ep.metadata["error"] = factory_error or f"reset failed: {type(exc).__name__}: {exc}"
+        ep.metadata["error"] = storable_text(factory_error or f"reset failed: {type(exc).__name__}: {exc}")
         ep.rewards = {"success": None, "return": 0.0}
         return ep
     return _Live(episode=ep, env=env, slot=slot, obs_text=observation_text(shown), prompt=prompt, state_key=key,
@@ -271,12 +271,12 @@ def _advance(
     if out.error is not None:
         turn.error, turn.valid = out.error, False
         return "env_error"
-    turn.action_text = out.text if out.text is not None else renderer.decode(out.ids)
+    turn.action_text = storable_text(out.text if out.text is not None else renderer.decode(out.ids))
     t0 = time.perf_counter()
     try:
         stop = _step(lv, turn, cfg, renderer)
     except Exception as exc:  # recorded on the turn; the batch goes on
-        turn.error = f"{type(exc).__name__}: {exc}"
+        turn.error = storable_text(f"{type(exc).__name__}: {exc}")
         stop = "env_error"
     turn.timings["env"] = time.perf_counter() - t0
     return stop
@@ -296,11 +296,11 @@ def _step(lv: _Live, turn: Turn, cfg: RolloutConfig, renderer: ChatRenderer) -> 
     turn.media = [m for m in info.get("media", []) or [] if isinstance(m, MediaRef)]
     turn.info = {k: v for k, v in info.items() if k != "media" and _is_jsonable(v)}
     if info.get("error") is not None:
-        turn.error = str(info["error"])
+        turn.error = storable_text(str(info["error"]))
     lv.returns += reward
     if "success" in info and info["success"] is not None:
         lv.success = 1.0 if info["success"] else 0.0
-    shown = lv.env.format_observation(res.obs)
+    shown = _shown(lv.env, res.obs)
     turn.result = observation_text(shown)
     if turn.terminated:
         return "terminated"
@@ -367,6 +367,18 @@ def _key_text(key: Hashable) -> str | None:
     if key is None:
         return None
     return key if isinstance(key, str) else repr(key)
+
+
+def _shown(env: Env, obs: Any) -> Any:
+    """``env.format_observation(obs)`` with NUL characters and lone surrogates replaced (U+FFFD).
+
+    Env text may carry what model-written code printed; the tokenizer cannot encode a lone
+    surrogate and the store refuses both, so the model sees and the turn records the cleaned text.
+    """
+    shown = env.format_observation(obs)
+    if isinstance(shown, str):
+        return storable_text(shown)
+    return [{**m, "content": storable_text(m["content"])} if isinstance(m.get("content"), str) else m for m in shown]
 
 
 def _is_jsonable(value: Any) -> bool:

@@ -32,6 +32,7 @@ from arborl.config import ConfigError, to_dict
 from arborl.env import Env, check_env
 from arborl.policy import load_policy
 from arborl.store import open_store
+from arborl.store.url import redact
 from arborl.train.common import env_factory, seed_everything
 from arborl.train.config import TrainConfig
 from arborl.train.interrupt import Interrupted
@@ -83,7 +84,7 @@ def run_pipeline(cfg: TrainConfig, credit: CreditFn, *, resume: bool = False, ov
     if overwrite and cfg.store and "synth" in plan.run:
         say(f"--overwrite: the store {cfg.store} is not in run_dir; the episodes an earlier run stored there stay")
     run_dir.mkdir(parents=True, exist_ok=True)
-    summary: dict[str, Any] = {"run_dir": str(run_dir), "store": cfg.store_url, "stage_s": {}}
+    summary: dict[str, Any] = {"run_dir": str(run_dir), "store": redact(cfg.store_url), "stage_s": {}}
     summary.update(plan.state.get("sft", {}))
     with open_store(cfg.store_url) as store:
         _save_config(cfg, run_dir)

@@ -16,6 +16,8 @@ import torch
 from arborl.env import Env
 from arborl.loss import sft_loss
 from arborl.policy import load_policy, save_policy, token_logprobs
+from arborl.store.base import StoreError
+from arborl.store.url import redact
 from arborl.train.batch import collate
 from arborl.train.config import TrainConfig
 from arborl.train.loggers import Metrics
@@ -40,7 +42,7 @@ def train_sft(
     # A stable order independent of ids and timestamps, so a rerun of the same config trains identically.
     demos = sorted(store.iter_episodes(source="synth"), key=lambda e: (e.task_id, content_hash(e)))
     if not demos:
-        raise RuntimeError(f"no synth episodes in {cfg.store_url}; run the synth stage first (arborl synth CONFIG)")
+        raise StoreError(f"no synth episodes in {redact(cfg.store_url)}; run the synth stage first (arborl synth CONFIG)")
     model, tok = load_policy(init_path)
     model.train()
     sc = cfg.sft

@@ -22,6 +22,7 @@ This module knows nothing of the record types (:mod:`arborl.trajectory.schema` b
 from __future__ import annotations
 
 import math
+import re
 from array import array
 from operator import countOf
 from typing import Any
@@ -54,6 +55,21 @@ def text_problem(s: str) -> str | None:
     except UnicodeEncodeError as e:
         return f"contains a lone surrogate {s[e.start]!r} at position {e.start} (not encodable as UTF-8)"
     return None
+
+
+_UNSTORABLE_CHAR = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable_text(s: str) -> str:
+    """``s`` with each NUL character and lone surrogate replaced by U+FFFD (the rest unchanged).
+
+    For text that arborl records but did not write itself (env observations, tool output, a
+    decoded model answer): a snippet that prints ``\\x00`` must not make the store refuse the
+    batch. The token ids stay the record of what the model saw and wrote.
+    """
+    if text_problem(s) is None:
+        return s
+    return _UNSTORABLE_CHAR.sub("\ufffd", s)
 
 
 def check_texts(texts: list[str], where: str) -> None:
@@ -123,7 +139,8 @@ def raise_type(obj: Any, names: tuple[str, ...], want: type, where: str, optiona
 
 def check_token_arrays(t: Any, where: str) -> None:
     """A turn's four token arrays: lists, one log-prob and one mask value per output id, storable
-    ints and floats, a 0/1 mask; raise :class:`SchemaError` naming the first that is not."""
+    ints and floats, a 0/1 mask; raise :class:`SchemaError` naming the first that is not.
+    """
     oi, ol, om, pi = t.output_ids, t.output_logprobs, t.output_mask, t.prompt_ids
     if not (type(oi) is list and type(ol) is list and type(om) is list and type(pi) is list):
         for name in ("output_ids", "output_logprobs", "output_mask", "prompt_ids"):

@@ -228,3 +228,27 @@ def test_max_turns_and_max_context_stop_episodes(model, renderer):
     assert ep.stop_reason == "max_context" and len(ep.turns) == 1 and ep.turns[-1].truncated
     (ep,) = _run(ModelPolicy(model, renderer), _specs([9]), max_context_tokens=first + 3)
     assert ep.stop_reason == "max_context" and ep.turns == []
+
+
+class _BinaryOutputEnv(CountEnv):
+    """Like CountEnv, but what it shows contains NUL characters and lone surrogates, as the output of
+    model-written code may."""
+
+    def format_observation(self, obs):
+        return f"{obs} \x00 tool said \udcff"
+
+    def step(self, action: str) -> StepResult:
+        res = super().step(action)
+        return StepResult(res.obs, res.reward, res.terminated, res.truncated, {**res.info, "error": "bad \x00 byte"})
+
+
+def test_unstorable_characters_in_env_text_are_replaced_so_the_store_keeps_the_episode(model, renderer, tmp_path):
+    from arborl.store import open_store
+
+    eps = _run(ModelPolicy(model, renderer), _specs([2, 2]), envs=_BinaryOutputEnv)
+    turn = eps[0].turns[0]
+    assert turn.observation.endswith("\ufffd tool said \ufffd") and "\x00" not in turn.result
+    assert turn.error == "bad \ufffd byte"
+    with open_store(f"sqlite:///{tmp_path}/t.db") as store:  # refused the whole batch before
+        store.put_many(eps)
+        assert store.get(eps[0].episode_id).turns[0].observation == turn.observation

@@ -1,7 +1,8 @@
 """An expiring process for the concurrency tests: ``python expire_proc.py URL N``.
 
 Deletes episodes 0..N-1 of :func:`storekit.make_episode` (created at 1_700_000_000 + i) one at a
-time, oldest first, each with its own ``expire`` call, then prints "done".
+time, oldest first, each with its own ``expire`` call, then prints "done". After the first half
+it waits for a line on stdin, so a reader is sure to read a half-expired store between them.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ def main() -> None:
     with open_store(url) as store:
         print("ready", flush=True)
         for i in range(n):
+            if i == n // 2:
+                sys.stdin.readline()
             # created_at < now - 1 s removes episodes 0..i
             store.expire(older_than=timedelta(seconds=1), now=1_700_000_000.0 + i + 1 + 0.5)
         print("done", flush=True)
