@@ -29,6 +29,14 @@ class Tool(Protocol):
         ...
 
 
+def truncate(text: str, max_chars: int) -> str:
+    """Cut ``text`` to ``max_chars`` characters with a visible ``...[truncated N bytes]`` marker."""
+    if len(text) <= max_chars:
+        return text
+    dropped = len(text[max_chars:].encode("utf-8", errors="replace"))
+    return text[:max_chars] + f"\n...[truncated {dropped} bytes]"
+
+
 class ErrorResult(str):
     """Result text that reports a failed call (the tool raised, the arguments were wrong...).
 

@@ -50,9 +50,9 @@ def _number(value: Any) -> int | float:
 def _power(base: int | float, exp: int | float) -> int | float:
     if abs(exp) > MAX_EXPONENT:
         raise CalculatorError(f"exponent {exp:g} is larger than {MAX_EXPONENT}")
-    if isinstance(base, int) and isinstance(exp, int) and exp > 0 and abs(base) > 1:
-        if exp * math.log2(abs(base)) > MAX_BITS:
-            raise CalculatorError(f"result too large (over {MAX_BITS} bits)")
+    big = isinstance(base, int) and isinstance(exp, int) and exp > 0 and abs(base) > 1
+    if big and exp * math.log2(abs(base)) > MAX_BITS:
+        raise CalculatorError(f"result too large (over {MAX_BITS} bits)")
     result = base**exp
     if isinstance(result, complex):
         raise CalculatorError("a negative number to a fractional power is not a real number")

@@ -6,7 +6,7 @@
     def lookup(city: str, year: int = 2024) -> str:
         '''Population of a city.
 
-        Args:
+Args:
             city: City name, e.g. "Lyon".
             year: Census year.
         '''
