@@ -78,8 +78,10 @@ def _eval(node: ast.AST) -> int | float:
             raise CalculatorError("round(x, n) needs an integer n")
         return _number(fn(*args))
     what = type(node).__name__
-    if isinstance(node, ast.Call | ast.Name):
-        what = f"name {getattr(node, 'id', getattr(getattr(node, 'func', None), 'id', '?'))!r}"
+    if isinstance(node, ast.Name):
+        what = f"name {node.id!r}"
+    elif isinstance(node, ast.Call):
+        what = f"calling {ast.unparse(node.func)[:40]!r}"
     raise CalculatorError(
         f"{what} is not allowed; use numbers, + - * / // % **, parentheses and {', '.join(_FUNCTIONS)}"
     )

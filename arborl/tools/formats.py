@@ -207,7 +207,7 @@ class HermesFormat:
             return ParsedTurn(error=str(exc))
 
     def _call(self, body: str, i: int) -> ParsedCall:
-        where = f"<tool_call> {i + 1}"
+        where, body = f"<tool_call> {i + 1}", body.strip()
         if len(body) > self.max_call_chars:
             raise _Problem(f"{where} is {len(body)} characters; the limit is {self.max_call_chars}")
         try:
