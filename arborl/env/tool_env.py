@@ -95,6 +95,18 @@ class ToolEnv:
             ``"user"``: they open the first user message (for templates without a system role).
         system_prompt: Text put before the instructions.
         task_type: The store's capability bucket.
+        expert: ``expert(env) -> action text`` (e.g. an oracle that knows the task's gold
+            queries); when given, the env has ``expert_action()`` for ``check_env`` and ``synth``.
+        deterministic: ``False`` when the tools' results are random (``check_env`` then does
+            not replay the expert).
+
+    Attributes:
+        table: The tools by name.
+        task: The current episode's task.
+        steps: Turns taken in this episode.
+        last_results: Result texts of the last turn's calls (what an expert may read).
+        tool_counts: Running ``calls``/``errors``/``timeouts`` per tool over the env's life.
+        lifecycle: Stateful-tool instances ``created``, ``released`` and ``release_errors``.
     """
 
     def __init__(
@@ -111,6 +123,8 @@ class ToolEnv:
         instructions: str = "system",
         system_prompt: str | None = None,
         task_type: str = "tool",
+        expert: Callable[[ToolEnv], str] | None = None,
+        deterministic: bool = True,
     ) -> None:
         if not callable(tasks) and not tasks:
             raise ValueError("ToolEnv: `tasks` is empty; pass at least one Task or a function seed -> Task")
@@ -132,6 +146,9 @@ class ToolEnv:
         self.max_steps, self.call_timeout_s = max_steps, call_timeout_s
         self.max_result_chars, self.success_at = max_result_chars, success_at
         self.instructions, self.system_prompt, self.task_type = instructions, system_prompt, task_type
+        self.deterministic = deterministic
+        if expert is not None:  # only an env with an expert has expert_action (check_env and synth look for it)
+            self.expert_action: Callable[[], str] = lambda: expert(self)
         self.tool_counts: dict[str, dict[str, int]] = {}
         self.lifecycle = {"created": 0, "released": 0, "release_errors": 0}
         self._current: dict[str, Tool] = {}
@@ -139,6 +156,7 @@ class ToolEnv:
         self.task: Task | None = None
         self._history: tuple[tuple[str, str], ...] = ()
         self.steps = 0
+        self.last_results: list[str] = []
 
     # --- contract ---------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
@@ -146,7 +164,7 @@ class ToolEnv:
         self._release_all()
         s = 0 if seed is None else int(seed)
         self.task = self.tasks(s) if callable(self.tasks) else self.tasks[s % len(self.tasks)]
-        self._history, self.steps = (), 0
+        self._history, self.steps, self.last_results = (), 0, []
         text = self.call_format.instructions(list(self.table.values()))
         if self.system_prompt:
             text = f"{self.system_prompt}\n\n{text}"
@@ -198,6 +216,7 @@ class ToolEnv:
         if parsed.answer is not None:
             return self._score(parsed.answer, info)
         outcomes = [self._invoke(c) for c in calls]
+        self.last_results = [o.text for o in outcomes]
         self._history += tuple((c.name, json.dumps(c.arguments, sort_keys=True)) for c in calls)
         info["action"] = ",".join(c.name for c in calls)
         info["tool_results"] = [{"name": c.name, "result": o.text, "error": o.error, "timed_out": o.timed_out,

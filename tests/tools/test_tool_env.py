@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from arborl.env import StepResult, Task, ToolEnv, check_env
+from arborl.env import EnvCheckError, StepResult, Task, ToolEnv, check_env
 from arborl.tools import CALCULATOR, ErrorResult, SearchR1Format, tool
 
 TASKS = [Task("What is 17 * 23?", answer="391", id="mul"), Task("What is 2 ** 10?", answer="1024", id="pow")]
@@ -89,6 +89,20 @@ def search(query: str) -> str:
 def test_check_env_passes_for_both_formats():
     check_env(_env())
     check_env(ToolEnv(TASKS, [search], exact, call_format=SearchR1Format(), instructions="user"))
+
+
+def oracle(env: ToolEnv) -> str:
+    """Compute the task's expression, then answer with the last result."""
+    if env.steps == 0:
+        return call("calculator", expression=env.task.question.removeprefix("What is ").rstrip("?"))
+    return f"<answer>{env.last_results[0]}</answer>"
+
+
+def test_check_env_follows_an_expert_to_success_and_catches_a_wrong_one():
+    check_env(_env(expert=oracle))
+    with pytest.raises(EnvCheckError, match="expert_action: expected following it"):
+        check_env(_env(expert=lambda env: "<answer>0</answer>"))
+    assert not hasattr(_env(), "expert_action")
 
 
 def test_search_r1_format_needs_a_tool_named_search():
