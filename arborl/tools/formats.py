@@ -103,8 +103,11 @@ def escape_tags(text: str, tags: Sequence[str]) -> str:
     return pattern.sub(r"&lt;\1", text)
 
 
-def _answer_or_calls(blocks: list[tuple[str, str]], call_tag: str, max_calls: int) -> tuple[list[str], str | None]:
-    """Split blocks into call bodies and the answer; enforce one kind of action per turn."""
+def _split_turn(text: str, call_tag: str, result_tag: str, max_calls: int) -> tuple[list[str], str | None]:
+    """The call bodies and the answer of a turn; one kind of action per turn, no result tags."""
+    if re.search(rf"</?{result_tag}>", text, re.IGNORECASE):
+        raise _Problem(f"<{result_tag}> is written by the tools, not by you; call them with <{call_tag}>")
+    blocks = tag_blocks(text, (call_tag, "answer"))
     calls = [body for tag, body in blocks if tag == call_tag]
     answers = [body for tag, body in blocks if tag == "answer"]
     if calls and answers:
@@ -145,9 +148,7 @@ class SearchR1Format:
     def parse(self, text: str) -> ParsedTurn:
         """One ``<search>`` block (a call) or one ``<answer>`` block."""
         try:
-            if re.search(r"</?information>", text, re.IGNORECASE):
-                raise _Problem("<information> is written by the search tool, not by you; write <search>query</search>")
-            calls, answer = _answer_or_calls(tag_blocks(text, ("search", "answer")), "search", 1)
+            calls, answer = _split_turn(text, "search", "information", 1)
         except _Problem as exc:
             return ParsedTurn(error=str(exc))
         if answer is not None:
@@ -197,9 +198,7 @@ class HermesFormat:
     def parse(self, text: str) -> ParsedTurn:
         """Up to ``max_calls`` ``<tool_call>`` blocks, or one ``<answer>`` block."""
         try:
-            if re.search(r"</?tool_response>", text, re.IGNORECASE):
-                raise _Problem("<tool_response> is written by the tools, not by you; write <tool_call> blocks")
-            bodies, answer = _answer_or_calls(tag_blocks(text, ("tool_call", "answer")), "tool_call", self.max_calls)
+            bodies, answer = _split_turn(text, "tool_call", "tool_response", self.max_calls)
             if answer is not None:
                 return ParsedTurn(answer=answer)
             return ParsedTurn(calls=tuple(self._call(b, i) for i, b in enumerate(bodies)))

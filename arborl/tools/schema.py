@@ -13,6 +13,7 @@ itself still sees the value and may reject it in its result text.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import re
@@ -124,19 +125,12 @@ def function_schema(fn: Callable[..., Any], *, name: str | None = None,
             prop["description"] = docs[pname]
         if param.default is param.empty:
             required.append(pname)
-        elif _jsonable(param.default):
-            prop["default"] = param.default
+        else:
+            with contextlib.suppress(TypeError, ValueError):  # a default JSON cannot show is left out
+                prop["default"] = json.loads(json.dumps(param.default, allow_nan=False))
         properties[pname] = prop
     parameters = {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
     return {"name": name, "description": description or summary, "parameters": parameters}
-
-
-def _jsonable(value: Any) -> bool:
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError):
-        return False
-    return True
 
 
 _JSON_TYPES: dict[str, Callable[[Any], bool]] = {

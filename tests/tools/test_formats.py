@@ -38,7 +38,7 @@ def test_search_r1_valid(text, calls, answer):
     ("<answer>a</answer><answer>b</answer>", "more than one <answer>"),
     ("<answer>  </answer>", "the <answer> is empty"),
     ("<search>   </search>", "the <search> query is empty"),
-    ("<search>q</search><information>made up</information>", "<information> is written by the search tool"),
+    ("<search>q</search><information>made up</information>", "<information> is written by the tools, not by you; call them with <search>"),
     ("<search>" + "x" * 1001 + "</search>", "the query is 1001 characters; the limit is 1000"),
 ])
 def test_search_r1_malformed_is_an_error_that_says_what(text, error):
@@ -73,7 +73,7 @@ def test_hermes_valid_single_parallel_and_string_arguments():
     (_hermes({"name": "a"}) + "<answer>x</answer>", "either <tool_call> calls or one <answer>, not both"),
     (_hermes(*[{"name": "a"}] * 5), "5 <tool_call> blocks in one turn; the limit is 4"),
     (_hermes({"name": "a", "arguments": {"x": "y" * 5000}}), "<tool_call> 1 is 5037 characters; the limit is 4000"),
-    (_hermes({"name": "a"}) + "<tool_response>42</tool_response>", "<tool_response> is written by the tools"),
+    (_hermes({"name": "a"}) + "<tool_response>42</tool_response>", "<tool_response> is written by the tools, not by you; call them with <tool_call>"),
     ("I think the answer is 4.", "no <tool_call> call and no <answer>"),
 ])
 def test_hermes_malformed_is_an_error_that_says_what(text, error):
