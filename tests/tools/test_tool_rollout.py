@@ -27,6 +27,7 @@ from arborl.rollout import (
     run_episodes,
 )
 from arborl.tools import CALCULATOR
+from arborl.tools.metrics import tool_metrics
 from arborl.train.batch import collate
 from arborl.trajectory.schema import ToolCall, linearize
 from tests.policy.conftest import CHATML_TEMPLATE, qwen2_tokenizer
@@ -92,6 +93,14 @@ def test_rollout_records_tool_calls_latency_errors_and_releases_every_instance(c
     assert len(nb.created) == 2 and len(nb.released) == 2
     for ep in (mul, pow_):
         ep.validate()
+    # 5 calls ran (the malformed one did not): calculator and notebook twice, sleep once and timed out
+    assert tool_metrics([mul, pow_]) == {
+        "tools/calculator/calls": 2.0, "tools/calculator/errors": 0.0, "tools/calculator/timeouts": 0.0,
+        "tools/notebook/calls": 2.0, "tools/notebook/errors": 0.0, "tools/notebook/timeouts": 0.0,
+        "tools/sleep/calls": 1.0, "tools/sleep/errors": 1.0, "tools/sleep/timeouts": 1.0,
+        "tools/calls_per_episode": 2.5,
+    }
+    assert tool_metrics([]) == {"tools/calls_per_episode": 0.0}
 
 
 def test_an_untrained_model_sampling_garbage_never_stops_the_rollout(chatml):
