@@ -123,6 +123,32 @@ def _split_turn(text: str, call_tag: str, result_tag: str, max_calls: int) -> tu
     return calls, answers[0].strip() if answers else None
 
 
+MAX_DEPTH = 32
+"""Deepest nesting of call arguments accepted (checks below recurse; tool schemas are shallow)."""
+
+
+def _depth(value: object) -> int:
+    """Nesting depth of a decoded JSON value, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        deepest = max(deepest, level)
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON; write a finite number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text} is too large for a float")
+    return value
+
+
 @dataclass(frozen=True)
 class SearchR1Format:
     """Search-R1 tags: ``<search>query</search>``, ``<information>`` results, ``<answer>``.
@@ -210,7 +236,9 @@ class HermesFormat:
         if len(body) > self.max_call_chars:
             raise _Problem(f"{where} is {len(body)} characters; the limit is {self.max_call_chars}")
         try:
-            obj = json.loads(body)
+            obj = json.loads(body, parse_constant=_no_constant, parse_float=_finite_float)
+        except RecursionError:
+            raise _Problem(f"{where} is nested deeper than {MAX_DEPTH} levels") from None
         except ValueError as exc:
             msg = getattr(exc, "msg", str(exc))
             pos = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
@@ -225,6 +253,8 @@ class HermesFormat:
                 raise _Problem(f"{where}: \"arguments\" is a string that is not a JSON object") from None
         if not isinstance(args, dict):
             raise _Problem(f'{where}: "arguments" must be a JSON object, got {type(args).__name__}')
+        if _depth(args) > MAX_DEPTH:
+            raise _Problem(f"{where} is nested deeper than {MAX_DEPTH} levels")
         return ParsedCall(obj["name"], args)
 
     def render(self, results: Sequence[str]) -> str:

@@ -75,11 +75,26 @@ def test_hermes_valid_single_parallel_and_string_arguments():
     (_hermes({"name": "a", "arguments": {"x": "y" * 5000}}), "<tool_call> 1 is 5037 characters; the limit is 4000"),
     (_hermes({"name": "a"}) + "<tool_response>42</tool_response>", "<tool_response> is written by the tools, not by you; call them with <tool_call>"),
     ("I think the answer is 4.", "no <tool_call> call and no <answer>"),
+    # non-finite numbers would make the turn's record unstorable
+    (_hermes('{"name": "a", "arguments": {"x": NaN}}'), "is not valid JSON (NaN is not JSON; write a finite number)"),
+    (_hermes('{"name": "a", "arguments": {"x": -Infinity}}'), "is not valid JSON (-Infinity is not JSON"),
+    (_hermes('{"name": "a", "arguments": {"x": 1e400}}'), "is not valid JSON (1e400 is too large for a float)"),
 ])
 def test_hermes_malformed_is_an_error_that_says_what(text, error):
     out = H.parse(text)
     assert out.calls == () and out.answer is None
     assert error in out.error, out.error
+
+
+def test_deeply_nested_arguments_are_refused_not_a_recursion_error():
+    deep = HermesFormat(max_call_chars=100_000)
+    body = '{"name": "a", "arguments": {"x": ' + "[" * 3000 + "]" * 3000 + "}}"
+    assert "nested deeper than 32 levels" in deep.parse(f"<tool_call>{body}</tool_call>").error
+    # depth = 1 (the arguments object) + the number of nested lists
+    body = '{"name": "a", "arguments": {"x": ' + "[" * 32 + "]" * 32 + "}}"  # 33: parses, too deep
+    assert "nested deeper than 32 levels" in deep.parse(f"<tool_call>{body}</tool_call>").error
+    body = '{"name": "a", "arguments": {"x": ' + "[" * 31 + "]" * 31 + "}}"  # 32: the limit
+    assert deep.parse(f"<tool_call>{body}</tool_call>").error is None
 
 
 def test_huge_input_parses_in_bounded_time():
