@@ -51,7 +51,10 @@ class FunctionTool:
 
     def __call__(self, arguments: dict[str, Any]) -> str:
         """Check ``arguments``, call the function, return its value as text (never raises)."""
-        problem = check_arguments(arguments, self.parameters, self.name)
+        try:
+            problem = check_arguments(arguments, self.parameters, self.name)
+        except RecursionError:
+            problem = "the arguments are nested too deeply"
         if problem:
             return ErrorResult(f"ArgumentError: {problem}")
         try:

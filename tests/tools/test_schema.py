@@ -88,6 +88,10 @@ def test_call_checks_types_before_calling_and_errors_are_results_not_exceptions(
         assert out == expected, what
         assert isinstance(out, ErrorResult), what
     assert lookup({"city": "x", "ratio": 2, "tags": None})  # int is a number; null is allowed for X | None
+    deep: list = []
+    for _ in range(5000):
+        deep = [deep]
+    assert lookup({"city": "x", "tags": deep}) == "ArgumentError: the arguments are nested too deeply"
 
 
 def test_untypable_functions_are_refused_at_decoration_with_the_fix():
