@@ -65,7 +65,7 @@ from arborl.policy.chat import ChatRenderer, observation_text
 from arborl.rollout.config import EpisodeSpec, RolloutConfig
 from arborl.rollout.generate import TurnOutput, TurnRequest
 from arborl.rollout.policy import Policy, PolicySession
-from arborl.trajectory.schema import Episode, MediaRef, StopReason, Turn, new_id
+from arborl.trajectory.schema import Episode, MediaRef, StopReason, ToolCall, Turn, new_id
 from arborl.trajectory.values import is_storable, storable_text
 
 
@@ -295,6 +295,9 @@ def _step(lv: _Live, turn: Turn, cfg: RolloutConfig, renderer: ChatRenderer) -> 
     turn.terminated, turn.truncated = bool(res.terminated), bool(res.truncated)
     turn.media = [m for m in info.get("media", []) or [] if isinstance(m, MediaRef)]
     turn.info = {k: v for k, v in info.items() if k != "media" and _is_jsonable(v)}
+    turn.tool_call = _tool_call(info.get("tool_call"))
+    if isinstance(info.get("tool_latency_s"), int | float):
+        turn.timings["tool"] = float(info["tool_latency_s"])
     if info.get("error") is not None:
         turn.error = storable_text(str(info["error"]))
     lv.returns += reward
@@ -313,6 +316,18 @@ def _step(lv: _Live, turn: Turn, cfg: RolloutConfig, renderer: ChatRenderer) -> 
     lv.prompt = renderer.next_prompt(shown)
     lv.obs_text = turn.result
     return None
+
+
+def _tool_call(record: Any) -> ToolCall | None:
+    """``Turn.tool_call`` from an env's ``info["tool_call"]`` (``{"name", "arguments", "call_id"}``)."""
+    if not isinstance(record, dict) or not isinstance(record.get("name"), str):
+        return None
+    args = dict(record["arguments"]) if isinstance(record.get("arguments"), dict) else {}
+    if not is_storable(args):  # e.g. a NUL the model wrote into a JSON string: kept readable, not dropped
+        args = {"unstorable_arguments": storable_text(repr(args)[:4096])}
+    call_id = record.get("call_id")
+    return ToolCall(name=storable_text(record["name"]), arguments=args,
+                    call_id=storable_text(call_id) if isinstance(call_id, str) else None)
 
 
 class _EnvPool:

@@ -30,16 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from arborl.sandbox import ExecResult, Sandbox, SandboxError
+from arborl.tools.base import truncate
 
 DEFAULT_MAX_CHARS = 16_000
-
-
-def truncate(text: str, max_chars: int) -> str:
-    """Cut ``text`` to ``max_chars`` characters with a visible ``...[truncated N bytes]`` marker."""
-    if len(text) <= max_chars:
-        return text
-    dropped = len(text[max_chars:].encode("utf-8", errors="replace"))
-    return text[:max_chars] + f"\n...[truncated {dropped} bytes]"
 
 
 def format_result(res: ExecResult, *, wall_s: float, max_chars: int = DEFAULT_MAX_CHARS) -> str:

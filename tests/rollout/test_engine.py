@@ -252,3 +252,14 @@ def test_unstorable_characters_in_env_text_are_replaced_so_the_store_keeps_the_e
     with open_store(f"sqlite:///{tmp_path}/t.db") as store:  # refused the whole batch before
         store.put_many(eps)
         assert store.get(eps[0].episode_id).turns[0].observation == turn.observation
+
+
+def test_tool_call_arguments_the_store_would_refuse_are_kept_as_text():
+    from arborl.rollout.engine import _tool_call
+    from arborl.trajectory.values import is_storable
+
+    call = _tool_call({"name": "search", "arguments": {"q": "a\x00b", "n": 2**70}, "call_id": "c\udcff"})
+    assert call.name == "search" and call.call_id == "c\ufffd"
+    assert list(call.arguments) == ["unstorable_arguments"] and "\x00" not in call.arguments["unstorable_arguments"]
+    assert is_storable(call.arguments)
+    assert _tool_call({"name": "calc", "arguments": {"expr": "1+2"}}).arguments == {"expr": "1+2"}
