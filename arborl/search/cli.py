@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from typing import Any
 
 
@@ -20,19 +22,20 @@ def add_search_commands(sub: Any) -> None:
 
 
 def serve_retriever(args: argparse.Namespace) -> int:
-    """Index the corpus and serve it until Ctrl-C or SIGTERM; prints the URL once it listens."""
+    """Index the corpus and serve it until SIGTERM (exit 0) or Ctrl-C (exit 130); prints the URL once it listens."""
     from arborl.search.formats import read_corpus
     from arborl.search.retriever import build_retriever
-    from arborl.search.server import bind, create_app, make_server, url_of
+    from arborl.search.server import RetrieverServer
 
     passages = read_corpus(args.corpus)
     retriever = build_retriever(passages, args.method)
-    sock = bind(args.host, args.port)
-    server = make_server(create_app(retriever, default_topk=args.topk, method=args.method))
-    print(f"arborl: serving {len(passages)} passages ({args.method}) at {url_of(sock)}", flush=True)
-    try:
-        server.run(sockets=[sock])  # uvicorn handles SIGINT/SIGTERM: finish open requests, then return
-    finally:
-        sock.close()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # uvicorn runs in a thread of the server object, so its shutdown on SIGTERM, Ctrl-C or an error
+    # is the one the in-process server has; this thread only waits
+    with RetrieverServer(retriever, host=args.host, port=args.port, default_topk=args.topk, method=args.method) as server:
+        print(f"arborl: serving {len(passages)} passages ({args.method}) at {server.url}", flush=True)
+        while not stop.wait(0.5):
+            pass
     print("arborl: retriever stopped", file=sys.stderr)
     return 0

@@ -86,6 +86,8 @@ class CorpusConfig:
 
 @dataclass(frozen=True)
 class Country:
+    """A country: its passage names its capital (city index ``capital``) and language."""
+
     pid: str
     name: str
     capital: int
@@ -94,6 +96,8 @@ class Country:
 
 @dataclass(frozen=True)
 class City:
+    """A city in ``country`` (an index into ``World.countries``), founded in ``founded``."""
+
     pid: str
     name: str
     country: int
@@ -103,6 +107,8 @@ class City:
 
 @dataclass(frozen=True)
 class Person:
+    """A person born in year ``born`` in city ``city``; ``pid`` is the passage id."""
+
     pid: str
     name: str
     born: int
@@ -114,6 +120,8 @@ class Person:
 
 @dataclass(frozen=True)
 class Company:
+    """A company founded by person ``founder``, run by person ``ceo``, headquartered in city ``hq``."""
+
     pid: str
     name: str
     industry: str

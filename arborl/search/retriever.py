@@ -98,6 +98,9 @@ class DenseRetriever:
             raise ConfigError("retriever: the corpus is empty; give at least one passage")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model is on disk; never reach for a hub
         from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # a weight-loading bar per server start is noise
 
         self.passages = list(passages)
         self.batch_size = batch_size
