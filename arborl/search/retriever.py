@@ -50,7 +50,10 @@ class BM25Retriever:
     """
 
     def __init__(self, passages: Sequence[Passage], *, k1: float = 1.5, b: float = 0.75) -> None:
-        import bm25s
+        try:
+            import bm25s
+        except ImportError:
+            raise ConfigError("retriever: BM25 needs the search extra: pip install 'arborl[search]'") from None
 
         if not passages:
             raise ConfigError("retriever: the corpus is empty; give at least one passage")
