@@ -15,7 +15,7 @@ corpus size and method.
 Run it with ``arborl serve-retriever CORPUS.jsonl``, or in-process::
 
     with RetrieverServer(BM25Retriever(passages)) as server:   # a free loopback port
-        SearchClient(server.url)("who founded Draerdu Industries?")
+        SearchClient(server.url)("Tislei Works CEO")
 """
 
 from __future__ import annotations
