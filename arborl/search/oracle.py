@@ -19,10 +19,11 @@ will see during RL.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from arborl.search.formats import Question
+from arborl.search.retriever import Hit
 from arborl.trajectory.schema import SchemaError
 
 
@@ -76,3 +77,26 @@ def transcript(turns: list[OracleTurn]) -> str:
         if t.observation is not None:
             parts.append(f"\n\n{t.observation}\n\n")
     return "".join(parts)
+
+
+def oracle_recall(questions: Sequence[Question], search: Callable[[list[str], int], list[list[Hit]]], *,
+                  topk: int = 3, batch_size: int = 64) -> tuple[float, int]:
+    """Ranking sanity: the share of oracle queries whose supporting passage is in the top ``topk``.
+
+    Args:
+        questions: Questions with ``oracle_queries`` and ``supporting_ids`` (others are skipped).
+        search: A batch search, ``BM25Retriever.search`` or ``SearchClient.search``.
+        topk: Passages retrieved per query.
+        batch_size: Queries per ``search`` call.
+
+    Returns:
+        ``(share, number of queries)``; ``(0.0, 0)`` when no question has oracle queries.
+    """
+    pairs = [(q.oracle_queries[h], q.supporting_ids[h]) for q in questions
+             for h in range(min(len(q.oracle_queries), len(q.supporting_ids)))]
+    found = 0
+    for i in range(0, len(pairs), batch_size):
+        chunk = pairs[i:i + batch_size]
+        rows = search([query for query, _ in chunk], topk)
+        found += sum(pid in {h.passage.id for h in row} for (_, pid), row in zip(chunk, rows, strict=True))
+    return (found / len(pairs) if pairs else 0.0), len(pairs)

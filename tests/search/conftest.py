@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from arborl.search.corpus import CorpusConfig, generate
@@ -25,3 +27,10 @@ def bm25(world):
 @pytest.fixture(scope="session")
 def by_id(world):
     return {p.id: p for p in world[0]}
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -14,13 +14,7 @@ import urllib.request
 import pytest
 
 from arborl.search.corpus import write_dataset
-from tests.search.conftest import SMALL
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.search.conftest import SMALL, free_port
 
 
 def arborl(*args: str, **kw) -> subprocess.Popen:

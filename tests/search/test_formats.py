@@ -47,16 +47,6 @@ CORPUS_ERRORS = [
 ]
 
 
-@pytest.mark.parametrize(("line", "message"), CORPUS_ERRORS)
-def test_corpus_errors_name_file_line_and_problem(tmp_path, line, message):
-    path = tmp_path / "corpus.jsonl"
-    path.write_text(GOOD_C + "\n" + line + "\n")
-    with pytest.raises(SchemaError) as e:
-        read_corpus(path)
-    assert str(e.value).startswith(f"{path}{message}")
-    assert "\n" not in str(e.value)
-
-
 GOOD_Q = '{"id": "q1", "question": "Q?", "golden_answers": ["A"]}'
 QA_ERRORS = [
     ('{"id": "q2", "golden_answers": ["A"]}', ":2: 'question' must be a non-empty string"),
@@ -71,13 +61,17 @@ QA_ERRORS = [
 ]
 
 
-@pytest.mark.parametrize(("line", "message"), QA_ERRORS)
-def test_qa_errors_name_file_line_and_problem(tmp_path, line, message):
-    path = tmp_path / "qa.jsonl"
-    path.write_text(GOOD_Q + "\n" + line + "\n")
+ERRORS = [(read_corpus, GOOD_C, *e) for e in CORPUS_ERRORS] + [(read_qa, GOOD_Q, *e) for e in QA_ERRORS]
+
+
+@pytest.mark.parametrize(("reader", "good", "line", "message"), ERRORS)
+def test_bad_lines_name_file_line_and_problem(tmp_path, reader, good, line, message):
+    path = tmp_path / "data.jsonl"
+    path.write_text(good + "\n" + line + "\n")
     with pytest.raises(SchemaError) as e:
-        read_qa(path)
+        reader(path)
     assert str(e.value).startswith(f"{path}{message}")
+    assert "\n" not in str(e.value)
 
 
 def test_empty_files_and_missing_files(tmp_path):
