@@ -76,6 +76,8 @@ class Question:
             hop ``i + 1`` contains ``bridge_answers[i]``, the answer found at hop ``i``.
         bridge_answers: What each hop but the last finds (e.g. the founder's name).
         split: ``"train"`` or ``"test"`` (held out); empty when the file does not say.
+        extra: The line's other fields, kept as they are (the generator writes ``kind`` and
+            ``subject_id``).
     """
 
     id: str

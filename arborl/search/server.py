@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
 
+from arborl.config import ConfigError
 from arborl.search.retriever import Retriever
 
 
@@ -50,9 +51,9 @@ def create_app(retriever: Retriever, *, default_topk: int = 3, method: str = "bm
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
-        lines = ["; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors)]
+        line = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors)
         detail = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in errors]
-        return JSONResponse(status_code=422, content={"detail": detail, "error": lines[0]})
+        return JSONResponse(status_code=422, content={"detail": detail, "error": line})
 
     @app.post("/retrieve")
     def retrieve(req: RetrieveRequest) -> Response:
@@ -72,11 +73,20 @@ def create_app(retriever: Retriever, *, default_topk: int = 3, method: str = "bm
 
 
 def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (port 0: a free port, read back from the socket)."""
+    """A listening TCP socket on ``host:port`` (port 0: a free port, read back from the socket).
+
+    Raises:
+        ConfigError: When the address cannot be bound (in use, not this machine's).
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"retriever: cannot listen on {host}:{port} ({e.strerror}); "
+                          "choose another --port (0 picks a free one) or --host") from None
     sock.listen(128)
     return sock
 

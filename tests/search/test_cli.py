@@ -63,6 +63,19 @@ def test_bad_corpus_line_is_one_line_and_exit_2(tmp_path):
     assert proc.communicate(timeout=60)[1].startswith("arborl: error: [Errno 2]") and proc.returncode == 2
 
 
+def test_port_in_use_is_one_line_and_exit_2(tmp_path):
+    corpus, _ = write_dataset(tmp_path, SMALL)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        proc = arborl("serve-retriever", str(corpus), "--port", str(port))
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert err.strip() == (f"arborl: error: retriever: cannot listen on 127.0.0.1:{port} (Address already in use); "
+                           "choose another --port (0 picks a free one) or --host")
+
+
 def test_help_lists_the_command_and_imports_nothing_heavy():
     code = ("import sys; from arborl.cli import build_parser; h = build_parser().format_help(); "
             "print('serve-retriever' in h, sorted(m for m in ('fastapi', 'uvicorn', 'bm25s', 'torch') if m in sys.modules))")
