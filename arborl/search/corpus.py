@@ -147,13 +147,15 @@ class _Names:
     def __init__(self, rng: random.Random) -> None:
         self.rng, self.used = rng, {w.lower() for w in _FIRST + _SUFFIXES}
 
-    def word(self, syllables: int = 2) -> str:
-        while True:
+    def word(self, syllables: int = 2, suffix: str = "") -> str:
+        """A new word of ``syllables`` syllables (more once those run out) ending in ``suffix``."""
+        for attempt in range(10**6):
             w = "".join(self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) + self.rng.choice(_CODAS)
-                        for _ in range(syllables))
+                        for _ in range(syllables + attempt // 100)) + suffix
             if w not in self.used and len(w) >= 4:
                 self.used.add(w)
                 return w.capitalize()
+        raise ConfigError("corpus: ran out of fresh names; lower the entity counts")
 
 
 def build_world(cfg: CorpusConfig) -> World:
@@ -161,7 +163,7 @@ def build_world(cfg: CorpusConfig) -> World:
     rng = random.Random(cfg.seed)
     names = _Names(rng)
     pid = iter(f"p{i:05d}" for i in range(10**6))
-    country_names = [names.word(1) + rng.choice(["ia", "land", "istan", "ara", "ovia"]) for _ in range(cfg.n_countries)]
+    country_names = [names.word(1, rng.choice(["ia", "land", "istan", "ara", "ovia"])) for _ in range(cfg.n_countries)]
     city_country = list(range(cfg.n_countries)) + [rng.randrange(cfg.n_countries)
                                                    for _ in range(cfg.n_cities - cfg.n_countries)]
     countries = [Country(next(pid), n, capital=i, language=n[:-2] + "ian" if n.endswith("ia") else n + "ish")
@@ -272,15 +274,18 @@ def make_questions(world: World, cfg: CorpusConfig) -> list[Question]:
     subjects = {"person": world.people, "city": world.cities, "company": world.companies}
     by_hops: dict[int, list[str]] = {1: [], 2: []}
     for name, (stype, build) in kinds.items():
-        probe = next(q for q in map(build, range(len(subjects[stype]))) if q is not None)
-        by_hops[len(probe[1])].append(name)
+        probe = next((q for q in map(build, range(len(subjects[stype]))) if q is not None), None)
+        if probe is not None:  # e.g. no city_capital question when every city is a capital
+            by_hops[len(probe[1])].append(name)
     capacity = sum(len(subjects[s]) for s, _ in kinds.values())
     if cfg.n_questions > capacity // 2:
         raise ConfigError(f"corpus: n_questions = {cfg.n_questions} is too many for this world "
                           f"(at most {capacity // 2}); lower it or raise the entity counts")
     seen: set[tuple[str, int]] = set()
     out: list[Question] = []
-    while len(out) < cfg.n_questions:
+    for _ in range(100 * cfg.n_questions):
+        if len(out) == cfg.n_questions:
+            break
         kind = rng.choice(by_hops[2 if rng.random() < cfg.two_hop_frac else 1])
         stype, build = kinds[kind]
         i = rng.randrange(len(subjects[stype]))
@@ -296,6 +301,9 @@ def make_questions(world: World, cfg: CorpusConfig) -> list[Question]:
             bridge_answers=tuple(h.found for h in hops[:-1]),
             split="test" if held_out(subject, cfg.test_frac) else "train",
             extra={"kind": kind, "subject_id": subject}))
+    if len(out) < cfg.n_questions:
+        raise ConfigError(f"corpus: found only {len(out)} distinct questions of {cfg.n_questions}; "
+                          "lower n_questions or raise the entity counts")
     return out
 
 

@@ -89,3 +89,8 @@ def test_bad_config_is_a_config_error(bad):
 def test_too_many_questions_for_the_world():
     with pytest.raises(ConfigError, match="too many"):
         generate(CorpusConfig(n_countries=2, n_cities=4, n_people=4, n_companies=2, n_questions=100))
+
+
+def test_a_world_where_every_city_is_a_capital_has_no_capital_questions():
+    _, questions = generate(CorpusConfig(n_countries=5, n_cities=5, n_people=20, n_companies=10, n_questions=40))
+    assert len(questions) == 40 and "city_capital" not in {q.extra["kind"] for q in questions}
