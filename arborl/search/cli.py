@@ -18,6 +18,7 @@ def add_search_commands(sub: Any) -> None:
     p.add_argument("--method", choices=["bm25", "dense"], default="bm25",
                    help="bm25 (bm25s, default) or dense (MiniLM embeddings, needs arborl[dense])")
     p.add_argument("--topk", type=int, default=3, help="passages per query when a request leaves topk out")
+    p.add_argument("--cache-dir", metavar="DIR", help="keep dense embeddings here between starts (method dense)")
     p.set_defaults(func=serve_retriever)
 
 
@@ -28,7 +29,7 @@ def serve_retriever(args: argparse.Namespace) -> int:
     from arborl.search.server import RetrieverServer
 
     passages = read_corpus(args.corpus)
-    retriever = build_retriever(passages, args.method)
+    retriever = build_retriever(passages, args.method, cache_dir=args.cache_dir)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     # uvicorn runs in a thread of the server object, so its shutdown on SIGTERM, Ctrl-C or an error

@@ -22,17 +22,20 @@ def arborl(*args: str, **kw) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, **kw)
 
 
-@pytest.mark.parametrize(("sig", "code", "last"), [(signal.SIGTERM, 0, "arborl: retriever stopped"),
-                                                   (signal.SIGINT, 130, "arborl: stopped (Ctrl-C)")])
-def test_serve_retriever_starts_answers_and_stops(tmp_path, sig, code, last):
+@pytest.mark.parametrize(("method", "sig", "code", "last"), [
+    ("bm25", signal.SIGTERM, 0, "arborl: retriever stopped"),
+    ("bm25", signal.SIGINT, 130, "arborl: stopped (Ctrl-C)"),
+    ("dense", signal.SIGTERM, 0, "arborl: retriever stopped")])
+def test_serve_retriever_starts_answers_and_stops(tmp_path, method, sig, code, last):
     corpus, qa = write_dataset(tmp_path, SMALL)
     q = json.loads(qa.read_text().splitlines()[0])
     port = free_port()
-    proc = arborl("serve-retriever", str(corpus), "--port", str(port), "--topk", "2")
+    proc = arborl("serve-retriever", str(corpus), "--port", str(port), "--topk", "2", "--method", method,
+                  "--cache-dir", str(tmp_path / "cache"))
     try:
         line = proc.stdout.readline()
         url = f"http://127.0.0.1:{port}/retrieve"
-        assert line.strip() == f"arborl: serving 246 passages (bm25) at {url}"
+        assert line.strip() == f"arborl: serving 246 passages ({method}) at {url}"
         body = {"queries": [q["oracle_queries"][0], "nothing"], "return_scores": True}
         for _ in range(100):  # uvicorn accepts a moment after the line
             try:
@@ -50,6 +53,7 @@ def test_serve_retriever_starts_answers_and_stops(tmp_path, sig, code, last):
     assert err.strip().splitlines()[-1] == last
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0  # the port is released
+    assert len(list((tmp_path / "cache").glob("dense-*.npy"))) == (method == "dense")
 
 
 def test_bad_corpus_line_is_one_line_and_exit_2(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 
+import numpy as np
 import pytest
 
 from arborl.config import ConfigError
@@ -83,9 +84,9 @@ def small():
     return generate(SMALL)
 
 
-def test_dense_minilm_offline(small):
+def test_dense_minilm_offline(small, tmp_path):
     passages, questions = small
-    r = DenseRetriever(passages)
+    r = DenseRetriever(passages, cache_dir=tmp_path)
     assert os.environ["HF_HUB_OFFLINE"] == "1"
     assert r.embeddings.shape == (len(passages), 384)
     for row in r.search([q.question for q in questions], 5):
@@ -94,3 +95,13 @@ def test_dense_minilm_offline(small):
     top3, n = oracle_recall(questions, r.search, topk=3)
     print(f"dense: {n} oracle queries, supporting passage in top-3: {top3:.1%}")
     assert top3 >= 0.9
+
+    # a second start reads the cached vectors instead of embedding again; another corpus gets its own file
+    (cached,) = tmp_path.glob("dense-*.npy")
+    again = DenseRetriever(passages, cache_dir=tmp_path)
+    assert again.cache_file == cached and (again.embeddings == r.embeddings).all()
+    np.save(cached, np.zeros_like(r.embeddings))  # proof that the file, not the encoder, was read
+    assert not DenseRetriever(passages, cache_dir=tmp_path).embeddings.any()
+    other = DenseRetriever(passages[:10], cache_dir=tmp_path)
+    assert other.cache_file != cached and other.embeddings.shape == (10, 384)
+    assert other.embeddings == pytest.approx(r.embeddings[:10], abs=1e-5)
