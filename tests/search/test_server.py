@@ -176,3 +176,8 @@ def test_client_retries_5xx_but_not_4xx(server):
     with pytest.raises(SearchError, match="HTTP 422.*topk"):
         strict.search(["kiwi"], topk=-1)
     assert strict.calls == 1
+
+
+def test_health(server, world):
+    with urllib.request.urlopen(server.url.replace("/retrieve", "/health"), timeout=10) as r:
+        assert json.loads(r.read()) == {"status": "ok", "passages": len(world[0]), "method": "bm25"}
