@@ -181,3 +181,18 @@ def test_client_retries_5xx_but_not_4xx(server):
 def test_health(server, world):
     with urllib.request.urlopen(server.url.replace("/retrieve", "/health"), timeout=10) as r:
         assert json.loads(r.read()) == {"status": "ok", "passages": len(world[0]), "method": "bm25"}
+
+
+def test_concurrent_clients_each_get_their_own_answers(server, world):
+    """8 threads at once, each with its own queries: no answer is mixed up or lost."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    questions = world[1][:80]
+
+    def ask(chunk: list) -> list[bool]:
+        client = SearchClient(server.url, topk=3)
+        return [client.search([q.oracle_queries[0]])[0][0].passage.id == q.supporting_ids[0] for q in chunk]
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(ask, [questions[i::8] for i in range(8)]))
+    assert sum(map(len, results)) == 80 and all(all(r) for r in results)
