@@ -199,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     from arborl.store.cli import add_store_commands
 
     add_store_commands(sub)
+    from arborl.search.cli import add_search_commands
+
+    add_search_commands(sub)
     return p
 
 
