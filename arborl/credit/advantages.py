@@ -156,20 +156,26 @@ def discounted_returns(rewards: Tensor, episode: Tensor, step: Tensor, *, gamma:
     n = rewards.numel()
     if n == 0:
         return rewards.to(torch.float32)
-    # Sort by (episode, step) and run the recursion backwards once over the whole batch.
-    key = episode.to(torch.int64) * (int(step.max().item()) + 1) + step.to(torch.int64)
+    # Sort by (episode, step); then G of a row = its reward + gamma * G of the next row of its
+    # episode. Rows are processed in waves of equal steps-to-go, so a wave only reads rows done
+    # in the previous one: as many vector steps as the longest episode has turns, O(N) memory.
+    ep = episode.to(torch.int64)
+    key = ep * (int(step.max().item()) + 1) + step.to(torch.int64)
     order = torch.argsort(key)
-    r = rewards.to(torch.float64)[order].tolist()
-    ep = episode[order].tolist()
-    out = [0.0] * n
-    acc = 0.0
-    for i in range(n - 1, -1, -1):
-        if i == n - 1 or ep[i + 1] != ep[i]:
-            acc = 0.0
-        acc = r[i] + gamma * acc
-        out[i] = acc
+    r, ep = rewards.to(torch.float64)[order], ep[order]
+    starts = torch.ones(n, dtype=torch.bool)
+    starts[1:] = ep[1:] != ep[:-1]
+    ends = torch.roll(starts, -1)  # the last row of each episode
+    first = torch.cummax(torch.where(starts, torch.arange(n), 0), 0).values  # row where its episode starts
+    length = torch.zeros(n, dtype=torch.int64).index_add_(0, first, torch.ones(n, dtype=torch.int64))
+    to_go = length[first] - 1 - (torch.arange(n) - first)
+    nxt = torch.where(ends, n, torch.arange(n) + 1)  # row n holds the 0 after an episode's end
+    g = torch.zeros(n + 1, dtype=torch.float64)
+    waves = torch.argsort(to_go, stable=True).split(torch.bincount(to_go).tolist())
+    for rows in waves:
+        g[rows] = r[rows] + gamma * g[nxt[rows]]
     result = torch.empty(n, dtype=torch.float64)
-    result[order] = torch.tensor(out, dtype=torch.float64)
+    result[order] = g[:n]
     return result.to(torch.float32)
 
 
@@ -252,7 +258,21 @@ def best_return_weights_reference(returns: list[float], step_group: list[int], *
 
 
 def dense_ids(*keys: Tensor) -> Tensor:
-    """Map rows of equal key tuples to dense 0-based ids (first appearance order not kept)."""
-    stacked = torch.stack([k.to(torch.int64) for k in keys], dim=1)  # (N, K)
-    _, inv = torch.unique(stacked, dim=0, return_inverse=True)
-    return inv
+    """Map rows of equal key tuples to dense 0-based ids (first appearance order not kept).
+
+    The keys are folded into one int64 code column by column (each id times the next key's range,
+    plus that key), so a single 1-D ``unique`` does the work; a 2-D row ``unique`` sorts whole
+    rows and is ~10x slower. Keys too wide to fold fall back to it.
+    """
+    ids = torch.unique(keys[0].to(torch.int64), return_inverse=True)[1]
+    for k in keys[1:]:
+        k = k.to(torch.int64)
+        if not k.numel():
+            return ids
+        lo, span = int(k.min()), int(k.max()) - int(k.min()) + 1
+        if (int(ids.max()) + 1) * span >= 2**62:
+            stacked = torch.stack([ids, k], dim=1)
+            ids = torch.unique(stacked, dim=0, return_inverse=True)[1]
+        else:
+            ids = torch.unique(ids * span + (k - lo), return_inverse=True)[1]
+    return ids
