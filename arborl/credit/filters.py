@@ -83,7 +83,7 @@ def starpo_s_groups_reference(batch: StepBatch, *, keep_ratio: float, keep_zero_
     groups: dict[int, list[float]] = {}
     n_groups = _n_groups(batch)
     sampled = _sampled(batch).tolist()
-    for g, s, ok in zip(batch.group.tolist(), batch.score.tolist(), sampled):
+    for g, s, ok in zip(batch.group.tolist(), batch.score.tolist(), sampled, strict=True):
         if ok:
             groups.setdefault(g, []).append(s)
     stds = []

@@ -30,7 +30,7 @@ def _episode_reference(batch: StepBatch, *, baseline: str, norm_by_std: bool, ep
     else:
         vals = grpo_advantages_reference(scores, groups, norm_by_std=norm_by_std, eps=eps, singleton=singleton)
     out = [0.0] * len(score)
-    for e, v in zip(idx, vals):
+    for e, v in zip(idx, vals, strict=True):
         out[e] = v
     return out
 
@@ -40,9 +40,9 @@ def _length_weights_reference(batch: StepBatch) -> list[float]:
     n_ep = batch.group.numel()
     active, episode = _flags(batch.active, batch.episode.numel()), batch.episode.tolist()
     turns = [0] * n_ep
-    for e, a in zip(episode, active):
+    for e, a in zip(episode, active, strict=True):
         turns[e] += a
-    base = [t for t, s in zip(turns, _flags(batch.sampled, n_ep)) if t > 0 and s]
+    base = [t for t, s in zip(turns, _flags(batch.sampled, n_ep), strict=True) if t > 0 and s]
     mean = sum(base) / len(base) if base else 1.0
     return [mean / max(turns[e], 1) for e in episode]
 
@@ -66,13 +66,13 @@ def _state_keys(batch: StepBatch) -> list[tuple]:
     """(episode group, anchor) of each active step; a key of its own for each inactive one."""
     group, episode, anchor = batch.group.tolist(), batch.episode.tolist(), batch.anchor.tolist()
     active = _flags(batch.active, len(episode))
-    return [(group[e], a) if ok else ("inactive", i) for i, (e, a, ok) in enumerate(zip(episode, anchor, active))]
+    return [(group[e], a) if ok else ("inactive", i) for i, (e, a, ok) in enumerate(zip(episode, anchor, active, strict=True))]
 
 
 def _broadcast_reference(batch: StepBatch, ep_adv: list[float], length_neutral: bool) -> list[float]:
     active = _flags(batch.active, batch.episode.numel())
     weights = _length_weights_reference(batch) if length_neutral else [1.0] * len(active)
-    return [ep_adv[e] * a * w for e, a, w in zip(batch.episode.tolist(), active, weights)]
+    return [ep_adv[e] * a * w for e, a, w in zip(batch.episode.tolist(), active, weights, strict=True)]
 
 
 def grpo_reference(batch: StepBatch, *, norm_by_std: bool = True, eps: float = 1e-6, length_neutral: bool = False,
@@ -99,13 +99,13 @@ def gigpo_reference(batch: StepBatch, *, gamma: float = 0.95, step_weight: float
     ep = _episode_reference(batch, baseline="mean", norm_by_std=norm_by_std, eps=eps, singleton=singleton)
     a_step = step_group_advantages_reference(_returns_reference(batch, gamma), _state_keys(batch),
                                              norm_by_std=norm_by_std, eps=eps)
-    combined = [ep[e] + step_weight * s for e, s in zip(batch.episode.tolist(), a_step)]
+    combined = [ep[e] + step_weight * s for e, s in zip(batch.episode.tolist(), a_step, strict=True)]
     active = _flags(batch.active, len(combined))
     weights = _length_weights_reference(batch) if length_neutral else [1.0] * len(combined)
-    return [c * a * w for c, a, w in zip(combined, active, weights)]
+    return [c * a * w for c, a, w in zip(combined, active, weights, strict=True)]
 
 
 def best_step_reference(batch: StepBatch, *, gamma: float = 0.95, tol: float = 1e-6) -> list[float]:
     """Slow loop version of :func:`arborl.credit.best_step`."""
     weights = best_return_weights_reference(_returns_reference(batch, gamma), _state_keys(batch), tol=tol)
-    return [w * a for w, a in zip(weights, _flags(batch.active, len(weights)))]
+    return [w * a for w, a in zip(weights, _flags(batch.active, len(weights)), strict=True)]

@@ -11,6 +11,9 @@ With ``rl.branch``, each iteration also rolls out branches (:mod:`arborl.rollout
 state the group visited is re-played and every action no member took there is forced, so the
 credit estimator (``best_step`` in the demo) compares all actions of every visited state.
 
+With ``rl.filter = "starpo_s"``, only the groups whose scores vary most are credited and trained
+on (:mod:`arborl.credit.filters`); the filter runs before the estimator, whichever it is.
+
 Implementation details (where this departs from the papers):
 
 * Trajectory-level group statistics (not per step row; docs/credit.md §2).

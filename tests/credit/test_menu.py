@@ -13,9 +13,9 @@ from arborl.credit import (
     credit_on_groups,
     dr_grpo,
     gigpo,
+    group_score_std,
     grpo,
     grpo_advantages,
-    group_score_std,
     rloo,
     rloo_advantages,
     rloo_advantages_reference,
@@ -219,7 +219,7 @@ def test_starpo_s_and_filtered_credit_match_their_reference_loops(b, ratio, zero
     sub, rows = b.select_episodes(ep_keep)
     expected = [0.0] * b.episode.numel()
     if rows.numel():
-        for r, v in zip(rows.tolist(), ref.rloo_reference(sub, length_neutral=True)):
+        for r, v in zip(rows.tolist(), ref.rloo_reference(sub, length_neutral=True), strict=True):
             expected[r] = v
     agree(credit_on_groups(lambda x: rloo(x, length_neutral=True), b, keep), expected)
     assert sorted(set(sub.group.tolist())) == list(range(int(keep.sum()) if sub.group.numel() else 0))
