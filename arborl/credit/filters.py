@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from arborl.credit.advantages import _segment_mean_std
 from arborl.credit.estimators import StepBatch
 
 ZERO_STD = 1e-10
@@ -38,14 +39,9 @@ def _sampled(batch: StepBatch) -> Tensor:
 
 def group_score_std(batch: StepBatch) -> Tensor:
     """``[G]`` unbiased std of the sampled episodes' scores in each group (0 for fewer than two)."""
-    n_groups = _n_groups(batch)
     sampled = _sampled(batch)
-    score = batch.score.to(torch.float64)[sampled]
-    group = batch.group[sampled]
-    count = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group, torch.ones_like(score))
-    mean = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group, score) / count.clamp_min(1)
-    ss = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group, (score - mean[group]) ** 2)
-    return torch.where(count > 1, torch.sqrt(ss / (count - 1).clamp_min(1)), torch.zeros_like(ss))
+    # a group of one has no spread: its deviation from its own mean is 0 (torch.std would give NaN)
+    return _segment_mean_std(batch.score.to(torch.float64)[sampled], batch.group[sampled], _n_groups(batch))[2]
 
 
 def keep_count(keep_ratio: float, n_groups: int) -> int:
