@@ -245,7 +245,7 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
     # metrics
     n_turns = int(steps.episode.numel())
     lrn.counters["env_steps"] += n_turns
-    lrn.counters["tokens"] += int(batch.loss_mask.sum())
+    lrn.counters["tokens"] += int(batch.loss_mask[rows].sum())  # the episodes the update used
     lrn.counters["train/filter_empty"] = lrn.counters.get("train/filter_empty", 0) + int(not groups.any())
     row = {
         **terms, **lrn.counters, "lr": lr,

@@ -54,3 +54,15 @@ def test_rl_with_starpo_s_filter_and_its_stabilisers(sft, tmp_path):
         assert r["train/filter_empty"] == empty  # a running count
         assert r["train/kept_frac"] <= 0.5  # the update never sees a dropped group
         assert "loss/kl" not in r  # kl_coef = 0: no reference model, no KL term
+
+
+def test_rl_with_an_always_empty_starpo_s_selection_counts_it_and_trains_nothing(sft, tmp_path):
+    # group_size 1: every group is a single episode, hence std 0, and keep_zero_std = false keeps none
+    run = tmp_path / "run"
+    arborl("rl", "examples/frozenlake.toml", *sets(run, [
+        f'policy.init="{sft}"', "rl.branch=false", "report_to=[]", "rl.credit=grpo", "rl.filter=starpo_s",
+        "rl.keep_ratio=1", "rl.keep_zero_std=false", "rl.group_size=1", "rl.eval_every=0"]))
+    rows = rl_rows(run)
+    assert [(r["train/filter_empty"], r["train/filter_kept_frac"], r["train/kept_frac"], r["tokens"]) for r in rows] \
+        == [(1, 0.0, 0.0, 0), (2, 0.0, 0.0, 0)]
+    assert not any("loss/policy" in r for r in rows)  # no update was made
