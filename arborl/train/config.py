@@ -158,8 +158,8 @@ class RLConfig:
     step_weight: float = 1.0
     """Weight w of the step advantage in A = A^E + w A^S (GiGPO)."""
     norm_by_std: bool = True
-    """Divide group-relative advantages by the group's standard deviation (GRPO); false keeps the raw
-    difference from the group mean (Dr.GRPO)."""
+    """Divide group-relative advantages by the group's standard deviation (grpo, gigpo); false keeps the
+    raw difference from the group mean. ``rloo`` and ``dr_grpo`` never divide."""
     length_neutral: bool = True
     """Give every episode the same total advantage weight regardless of its number of turns."""
     loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
