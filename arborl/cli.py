@@ -30,9 +30,12 @@ if TYPE_CHECKING:
 # Names that configs may use, and the objects they stand for: this table is the only registry.
 # Each name maps to a function of arborl.credit and the options it takes from the RL config.
 CREDIT_ESTIMATORS: dict[str, tuple[str, Callable[[RLConfig], dict[str, Any]]]] = {
-    "grpo": ("grpo", lambda rl: {"norm_by_std": rl.norm_by_std, "length_neutral": rl.length_neutral}),
+    "grpo": ("grpo", lambda rl: {"norm_by_std": rl.norm_by_std, "length_neutral": rl.length_neutral,
+                                 "singleton": rl.singleton}),
+    "rloo": ("rloo", lambda rl: {"length_neutral": rl.length_neutral, "singleton": rl.singleton}),
+    "dr_grpo": ("dr_grpo", lambda rl: {"singleton": rl.singleton}),
     "gigpo": ("gigpo", lambda rl: {"gamma": rl.gamma, "step_weight": rl.step_weight, "norm_by_std": rl.norm_by_std,
-                                   "length_neutral": rl.length_neutral}),
+                                   "length_neutral": rl.length_neutral, "singleton": rl.singleton}),
     "best_step": ("best_step", lambda rl: {"gamma": rl.gamma}),
 }
 

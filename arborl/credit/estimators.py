@@ -2,6 +2,9 @@
 
 * :func:`grpo` — trajectory-level GRPO ("M-GRPO"): one group-relative advantage per episode,
   given to every step of it.
+* :func:`rloo` — the same with a leave-one-out baseline (RLOO): ``R_i - mean_{j != i} R_j``.
+* :func:`dr_grpo` — Dr.GRPO (Liu et al. 2025): ``R_i - mean(R)``, neither divided by the group
+  std nor scaled by episode length.
 * :func:`gigpo` — GiGPO (Feng et al. 2025): episode advantage plus ``w`` times a step advantage
   computed within anchor-state groups (same group, same environment state) on discounted
   returns, Eq. 8: ``A = A^E + w * A^S``.
@@ -30,6 +33,7 @@ from arborl.credit.advantages import (
     dense_ids,
     discounted_returns,
     grpo_advantages,
+    rloo_advantages,
     step_group_advantages,
 )
 
@@ -85,6 +89,24 @@ class StepBatch:
         """``[N]`` bool: steps that take part in credit (all of them when ``active`` is None)."""
         return torch.ones_like(self.episode, dtype=torch.bool) if self.active is None else self.active
 
+    def select_episodes(self, keep: Tensor) -> tuple[StepBatch, Tensor]:
+        """The batch of the episodes where ``keep`` (``[E]`` bool) is true, ids made dense again.
+
+        Returns:
+            The sub-batch and ``[N']`` long, the row in this batch of each of its steps.
+        """
+        rows = keep[self.episode].nonzero()[:, 0]
+        kept = keep.nonzero()[:, 0]
+        new_id = torch.cumsum(keep.to(torch.long), 0) - 1
+        group = dense_ids(self.group[kept]) if kept.numel() else self.group[kept]
+        sub = StepBatch(
+            episode=new_id[self.episode[rows]], step=self.step[rows], reward=self.reward[rows],
+            anchor=self.anchor[rows], group=group, score=self.score[kept],
+            active=None if self.active is None else self.active[rows],
+            sampled=None if self.sampled is None else self.sampled[kept],
+        )
+        return sub, rows
+
 
 def _length_weights(batch: StepBatch) -> Tensor:
     turns = batch.turns_per_episode()
@@ -105,27 +127,82 @@ def _state_groups(batch: StepBatch) -> Tensor:
     return dense_ids(batch.group[batch.episode], anchor)
 
 
-def _episode_advantages(batch: StepBatch, *, norm_by_std: bool, eps: float) -> Tensor:
-    """``[E]`` GRPO advantages over the sampled episodes; 0 for the others."""
+def _episode_advantages(batch: StepBatch, *, baseline: str = "mean", norm_by_std: bool = True, eps: float = 1e-6,
+                        singleton: str = "raw") -> Tensor:
+    """``[E]`` group-relative advantages over the sampled episodes; 0 for the others.
+
+    ``baseline`` is ``mean`` (GRPO; divided by the group std when ``norm_by_std``) or ``loo``
+    (RLOO's leave-one-out mean).
+    """
+    if baseline == "loo":
+        def fn(score, group):
+            return rloo_advantages(score, group, singleton=singleton)
+    else:
+        def fn(score, group):
+            return grpo_advantages(score, group, norm_by_std=norm_by_std, eps=eps, singleton=singleton)
     if batch.sampled is None:
-        return grpo_advantages(batch.score, batch.group, norm_by_std=norm_by_std, eps=eps)
+        return fn(batch.score, batch.group)
     out = torch.zeros_like(batch.score, dtype=torch.float32)
     idx = batch.sampled.nonzero()[:, 0]
     if idx.numel():
-        group = dense_ids(batch.group[idx])
-        out[idx] = grpo_advantages(batch.score[idx], group, norm_by_std=norm_by_std, eps=eps).to(torch.float32)
+        out[idx] = fn(batch.score[idx], dense_ids(batch.group[idx])).to(torch.float32)
     return out
 
 
-def grpo(batch: StepBatch, *, norm_by_std: bool = True, eps: float = 1e-6, length_neutral: bool = False) -> Tensor:
-    """Trajectory-level GRPO: every step of episode i gets ``A_i``.
+def _broadcast_episodes(batch: StepBatch, ep_adv: Tensor, length_neutral: bool) -> Tensor:
+    """Every active step of episode i gets ``ep_adv[i]`` (scaled by its length weight when asked)."""
+    adv = ep_adv[batch.episode] * batch.step_active()
+    return adv * _length_weights(batch) if length_neutral else adv
+
+
+def grpo(batch: StepBatch, *, norm_by_std: bool = True, eps: float = 1e-6, length_neutral: bool = False,
+         singleton: str = "raw") -> Tensor:
+    """Trajectory-level GRPO: every step of episode i gets ``A_i = (R_i - mean) / (std + eps)``.
+
+    Args:
+        batch: The steps.
+        norm_by_std: Divide by the group std (False: ``R_i - mean``).
+        eps: Added to the std.
+        length_neutral: Scale each step by ``mean_turns / turns_of_its_episode``.
+        singleton: ``raw`` (a lone episode gets ``A = R``) or ``zero`` (it gets 0).
 
     Returns:
         ``[N]`` float32 step advantages.
     """
-    adv = _episode_advantages(batch, norm_by_std=norm_by_std, eps=eps)[batch.episode]
-    adv = adv * batch.step_active()
-    return adv * _length_weights(batch) if length_neutral else adv
+    ep = _episode_advantages(batch, norm_by_std=norm_by_std, eps=eps, singleton=singleton)
+    return _broadcast_episodes(batch, ep, length_neutral)
+
+
+def rloo(batch: StepBatch, *, length_neutral: bool = False, singleton: str = "raw") -> Tensor:
+    """Trajectory-level RLOO: every step of episode i gets ``R_i - mean_{j != i} R_j`` (its group's others).
+
+    The baseline does not contain the episode's own score, so it is unbiased; no std division.
+
+    Args:
+        batch: The steps.
+        length_neutral: Scale each step by ``mean_turns / turns_of_its_episode``.
+        singleton: ``raw`` (a lone episode gets ``A = R``) or ``zero`` (it gets 0).
+
+    Returns:
+        ``[N]`` float32 step advantages.
+    """
+    ep = _episode_advantages(batch, baseline="loo", singleton=singleton)
+    return _broadcast_episodes(batch, ep, length_neutral)
+
+
+def dr_grpo(batch: StepBatch, *, singleton: str = "raw") -> Tensor:
+    """Dr.GRPO ("GRPO done right", Liu et al. 2025): ``A_i = R_i - mean(R)`` given to every step of episode i.
+
+    Neither of GRPO's two normalisations: no division by the group std (which up-weights groups
+    that are nearly all-equal) and no scaling by the episode's length (which favours short
+    correct and long wrong answers). The loss side of "no length normalisation" is
+    ``rl.loss_agg`` (anything but ``seq-mean-token-mean``; the paper's constant is
+    ``seq-mean-token-sum-norm``).
+
+    Returns:
+        ``[N]`` float32 step advantages.
+    """
+    return grpo(batch, norm_by_std=False, length_neutral=False, singleton=singleton)
 
 
 def gigpo(
@@ -136,16 +213,18 @@ def gigpo(
     norm_by_std: bool = True,
     eps: float = 1e-6,
     length_neutral: bool = False,
+    singleton: str = "raw",
 ) -> Tensor:
     """GiGPO: ``A = A^E + w * A^S`` (Eq. 8).
 
-    ``A^E`` is GRPO over episode scores; ``A^S`` normalises the discounted step returns (Eq. 5)
-    within groups of steps that share the episode group and the anchor state (Eq. 6-7).
+    ``A^E`` is GRPO over episode scores (a lone episode: ``singleton``); ``A^S`` normalises the
+    discounted step returns (Eq. 5) within groups of steps that share the episode group and the
+    anchor state (Eq. 6-7); a lone step gets ``A^S = 0`` whatever ``singleton`` says.
 
     Returns:
         ``[N]`` float32 step advantages.
     """
-    a_ep = _episode_advantages(batch, norm_by_std=norm_by_std, eps=eps)[batch.episode]
+    a_ep = _episode_advantages(batch, norm_by_std=norm_by_std, eps=eps, singleton=singleton)[batch.episode]
     returns = discounted_returns(batch.reward, batch.episode, batch.step, gamma=gamma)
     a_step = step_group_advantages(returns, _state_groups(batch), norm_by_std=norm_by_std, eps=eps)
     adv = (a_ep + step_weight * a_step) * batch.step_active()

@@ -43,8 +43,10 @@ METRICS = {
     "train/invalid_frac": "fraction of this iteration's turns (branches included) whose action was invalid",
     "train/turns": "mean turns per group-rollout episode",
     "train/adv_abs": "mean |advantage| over trained tokens",
-    "train/kept_frac": "fraction of rollouts with a non-zero advantage somewhere (the ones the update uses)",
-    "tokens": "model-generated tokens trained on in RL so far",
+    "train/kept_frac": "fraction of rollouts the update uses: a non-zero advantage somewhere, in a group rl.filter kept",
+    "train/filter_kept_frac": "fraction of this iteration's groups that rl.filter kept (1 without a filter)",
+    "train/filter_empty": "iterations so far in which rl.filter kept no group (nothing was trained on them)",
+    "tokens": "model-generated tokens trained on in RL so far (of the episodes the updates used)",
 }
 """Every metric name written to metrics.jsonl (and to the ``report_to`` loggers), with its meaning.
 

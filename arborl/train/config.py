@@ -137,15 +137,29 @@ class RLConfig:
     non-negative; ``abs`` = |log-ratio|); see ``arborl.loss.kl_estimate``."""
     entropy_coef: float = 0.0
     """Weight of the token-entropy bonus (subtracted from the loss; 0 disables it)."""
-    credit: Literal["grpo", "gigpo", "best_step"] = "gigpo"
-    """Credit estimator (see arborl.credit)."""
+    credit: Literal["grpo", "rloo", "dr_grpo", "gigpo", "best_step"] = "gigpo"
+    """Credit estimator (see arborl.credit and docs/credit.md): ``grpo`` (group mean and std), ``rloo``
+    (leave-one-out mean), ``dr_grpo`` (group mean only: ignores ``norm_by_std`` and ``length_neutral``),
+    ``gigpo`` (episode + anchor-state step advantage), ``best_step`` (best return of each state)."""
+    singleton: Literal["raw", "zero"] = "raw"
+    """What an episode with no peer in its group gets (grpo, rloo, dr_grpo, and gigpo's episode term):
+    ``raw`` its score itself (A = R, verl's rule), ``zero`` nothing (no baseline, no signal)."""
+    filter: Literal["none", "starpo_s"] = "none"
+    """Trajectory filter applied before credit: ``starpo_s`` trains only on the ``keep_ratio`` of groups
+    whose scores vary most (RAGEN's StarPO-S; its other stabilisers are ``kl_coef = 0`` and
+    ``clip_high = 0.28``); it composes with any ``credit``."""
+    keep_ratio: float = 0.25
+    """StarPO-S: fraction of the iteration's groups kept, ``ceil(keep_ratio * tasks_per_iter)`` of them."""
+    keep_zero_std: bool = True
+    """StarPO-S: a group whose scores are all equal may be kept (false: never, so an iteration whose
+    groups all agree trains on nothing and counts in ``train/filter_empty``)."""
     gamma: float = 0.95
     """Discount of step returns (GiGPO)."""
     step_weight: float = 1.0
     """Weight w of the step advantage in A = A^E + w A^S (GiGPO)."""
     norm_by_std: bool = True
-    """Divide group-relative advantages by the group's standard deviation (GRPO); false keeps the raw
-    difference from the group mean (Dr.GRPO)."""
+    """Divide group-relative advantages by the group's standard deviation (grpo, gigpo); false keeps the
+    raw difference from the group mean. ``rloo`` and ``dr_grpo`` never divide."""
     length_neutral: bool = True
     """Give every episode the same total advantage weight regardless of its number of turns."""
     loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
@@ -188,6 +202,15 @@ class RLConfig:
         for name in ("kl_coef", "entropy_coef", "weight_decay", "warmup_iters", "checkpoint_every", "eval_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"rl.{name} must be >= 0, got {getattr(self, name)!r}")
+        self._check_credit()
+
+    def _check_credit(self) -> None:
+        """Rules between the credit fields."""
+        if not 0 < self.keep_ratio <= 1:
+            raise ValueError(f"rl.keep_ratio is {self.keep_ratio}; keep a fraction of the groups in (0, 1]")
+        if self.credit == "dr_grpo" and self.loss_agg == "seq-mean-token-mean":
+            raise ValueError("rl.credit = dr_grpo removes length normalisation, but rl.loss_agg = seq-mean-token-mean "
+                             "divides each episode by its length; use token-mean or seq-mean-token-sum-norm")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,9 @@ With ``rl.branch``, each iteration also rolls out branches (:mod:`arborl.rollout
 state the group visited is re-played and every action no member took there is forced, so the
 credit estimator (``best_step`` in the demo) compares all actions of every visited state.
 
+With ``rl.filter = "starpo_s"``, only the groups whose scores vary most are credited and trained
+on (:mod:`arborl.credit.filters`); the filter runs before the estimator, whichever it is.
+
 Implementation details (where this departs from the papers):
 
 * Trajectory-level group statistics (not per step row; docs/credit.md §2).
@@ -34,7 +37,7 @@ import torch
 from torch import Tensor
 
 from arborl.config import ConfigError
-from arborl.credit import StepBatch
+from arborl.credit import StepBatch, credit_on_groups, starpo_s_groups
 from arborl.env import Env
 from arborl.loss import ppo_clip_loss
 from arborl.policy import ChatRenderer, load_policy, save_policy, token_logprobs, token_logprobs_and_entropy
@@ -222,10 +225,12 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
     episodes = store.get_many(store.put_many(rolled))
     # credit: one advantage per turn, broadcast to that turn's generated tokens
     steps = step_batch(episodes, score_key=rc.score_key, invalid_penalty=cfg.rollout.invalid_action_penalty)
+    groups = _kept_groups(rc, steps)  # rl.filter: the groups credit and the update see
     pad = lrn.tok.pad_token_id if lrn.tok.pad_token_id is not None else 0
     batch = collate(episodes, pad_id=pad)
-    adv = broadcast(credit(steps), batch.step_of_token) * batch.loss_mask
+    adv = broadcast(credit_on_groups(credit, steps, groups), batch.step_of_token) * batch.loss_mask
     keep = (adv.abs() > 1e-8).any(-1) if rc.drop_zero_advantage else torch.ones(len(episodes), dtype=torch.bool)
+    keep &= groups[steps.group]
     # loss + update (on the episodes that carry signal)
     lr = rl_lr(rc, it)
     for group in lrn.opt.param_groups:
@@ -240,7 +245,8 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
     # metrics
     n_turns = int(steps.episode.numel())
     lrn.counters["env_steps"] += n_turns
-    lrn.counters["tokens"] += int(batch.loss_mask.sum())
+    lrn.counters["tokens"] += int(batch.loss_mask[rows].sum())  # the episodes the update used
+    lrn.counters["train/filter_empty"] = lrn.counters.get("train/filter_empty", 0) + int(not groups.any())
     row = {
         **terms, **lrn.counters, "lr": lr,
         "train/success": sum(1.0 for e in episodes[:n_sampled] if e.success) / n_sampled,
@@ -250,11 +256,19 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
         "train/turns": sum(len(e.path()) for e in episodes[:n_sampled]) / n_sampled,
         "train/adv_abs": float(adv.abs().sum() / batch.loss_mask.sum().clamp_min(1)),
         "train/kept_frac": len(rows) / len(episodes),
+        "train/filter_kept_frac": float(groups.to(torch.float32).mean()) if groups.numel() else 0.0,
     }
     if rc.eval_every and ((it + 1) % rc.eval_every == 0 or it + 1 == rc.iterations):
         row.update(evaluate(cfg, make_env, lrn.model, lrn.tok, n=cfg.eval.probe_episodes, label="probe",
                             policy_version=it + 1))
     return row
+
+
+def _kept_groups(rc: RLConfig, steps: StepBatch) -> Tensor:
+    """``[G]`` bool: the groups that ``rl.filter`` keeps (all of them for ``none``)."""
+    if rc.filter == "starpo_s":
+        return starpo_s_groups(steps, keep_ratio=rc.keep_ratio, keep_zero_std=rc.keep_zero_std)
+    return torch.ones(int(steps.group.max()) + 1 if steps.group.numel() else 0, dtype=torch.bool)
 
 
 def _save(cfg: TrainConfig, lrn: _Learner, iteration: int, final: bool = False) -> Path:

@@ -1,0 +1,111 @@
+"""Slow loop versions of the :class:`StepBatch` estimators, one per estimator, for tests and ``bench/credit.py``.
+
+Each reads the batch as plain Python lists and builds its answer from the per-group reference
+loops of :mod:`arborl.credit.advantages`, so no vectorised code is shared with the function it
+checks.
+"""
+
+from __future__ import annotations
+
+from arborl.credit.advantages import (
+    best_return_weights_reference,
+    grpo_advantages_reference,
+    rloo_advantages_reference,
+    step_group_advantages_reference,
+)
+from arborl.credit.estimators import StepBatch
+
+
+def _flags(mask, size: int) -> list[bool]:
+    return [True] * size if mask is None else mask.tolist()
+
+
+def _episode_reference(batch: StepBatch, *, baseline: str, norm_by_std: bool, eps: float, singleton: str) -> list[float]:
+    """Per-episode advantages over the sampled episodes (0 for the others)."""
+    score, group = batch.score.tolist(), batch.group.tolist()
+    idx = [e for e, ok in enumerate(_flags(batch.sampled, len(score))) if ok]
+    scores, groups = [score[e] for e in idx], [group[e] for e in idx]
+    if baseline == "loo":
+        vals = rloo_advantages_reference(scores, groups, singleton=singleton)
+    else:
+        vals = grpo_advantages_reference(scores, groups, norm_by_std=norm_by_std, eps=eps, singleton=singleton)
+    out = [0.0] * len(score)
+    for e, v in zip(idx, vals, strict=True):
+        out[e] = v
+    return out
+
+
+def _length_weights_reference(batch: StepBatch) -> list[float]:
+    """Per-step ``mean_turns / turns_of_its_episode`` (active steps; mean over sampled episodes)."""
+    n_ep = batch.group.numel()
+    active, episode = _flags(batch.active, batch.episode.numel()), batch.episode.tolist()
+    turns = [0] * n_ep
+    for e, a in zip(episode, active, strict=True):
+        turns[e] += a
+    base = [t for t, s in zip(turns, _flags(batch.sampled, n_ep), strict=True) if t > 0 and s]
+    mean = sum(base) / len(base) if base else 1.0
+    return [mean / max(turns[e], 1) for e in episode]
+
+
+def _returns_reference(batch: StepBatch, gamma: float) -> list[float]:
+    """Reward-to-go of every step within its episode."""
+    episode, step, reward = batch.episode.tolist(), batch.step.tolist(), batch.reward.tolist()
+    rows: dict[int, list[int]] = {}
+    for i, e in enumerate(episode):
+        rows.setdefault(e, []).append(i)
+    out = [0.0] * len(episode)
+    for idx in rows.values():
+        acc = 0.0
+        for i in sorted(idx, key=lambda i: step[i], reverse=True):
+            acc = reward[i] + gamma * acc
+            out[i] = acc
+    return out
+
+
+def _state_keys(batch: StepBatch) -> list[tuple]:
+    """(episode group, anchor) of each active step; a key of its own for each inactive one."""
+    group, episode, anchor = batch.group.tolist(), batch.episode.tolist(), batch.anchor.tolist()
+    active = _flags(batch.active, len(episode))
+    return [(group[e], a) if ok else ("inactive", i) for i, (e, a, ok) in enumerate(zip(episode, anchor, active, strict=True))]
+
+
+def _broadcast_reference(batch: StepBatch, ep_adv: list[float], length_neutral: bool) -> list[float]:
+    active = _flags(batch.active, batch.episode.numel())
+    weights = _length_weights_reference(batch) if length_neutral else [1.0] * len(active)
+    return [ep_adv[e] * a * w for e, a, w in zip(batch.episode.tolist(), active, weights, strict=True)]
+
+
+def grpo_reference(batch: StepBatch, *, norm_by_std: bool = True, eps: float = 1e-6, length_neutral: bool = False,
+                   singleton: str = "raw") -> list[float]:
+    """Slow loop version of :func:`arborl.credit.grpo`."""
+    ep = _episode_reference(batch, baseline="mean", norm_by_std=norm_by_std, eps=eps, singleton=singleton)
+    return _broadcast_reference(batch, ep, length_neutral)
+
+
+def rloo_reference(batch: StepBatch, *, length_neutral: bool = False, singleton: str = "raw") -> list[float]:
+    """Slow loop version of :func:`arborl.credit.rloo`."""
+    ep = _episode_reference(batch, baseline="loo", norm_by_std=False, eps=0.0, singleton=singleton)
+    return _broadcast_reference(batch, ep, length_neutral)
+
+
+def dr_grpo_reference(batch: StepBatch, *, singleton: str = "raw") -> list[float]:
+    """Slow loop version of :func:`arborl.credit.dr_grpo`."""
+    return grpo_reference(batch, norm_by_std=False, length_neutral=False, singleton=singleton)
+
+
+def gigpo_reference(batch: StepBatch, *, gamma: float = 0.95, step_weight: float = 1.0, norm_by_std: bool = True,
+                    eps: float = 1e-6, length_neutral: bool = False, singleton: str = "raw") -> list[float]:
+    """Slow loop version of :func:`arborl.credit.gigpo`."""
+    ep = _episode_reference(batch, baseline="mean", norm_by_std=norm_by_std, eps=eps, singleton=singleton)
+    a_step = step_group_advantages_reference(_returns_reference(batch, gamma), _state_keys(batch),
+                                             norm_by_std=norm_by_std, eps=eps)
+    combined = [ep[e] + step_weight * s for e, s in zip(batch.episode.tolist(), a_step, strict=True)]
+    active = _flags(batch.active, len(combined))
+    weights = _length_weights_reference(batch) if length_neutral else [1.0] * len(combined)
+    return [c * a * w for c, a, w in zip(combined, active, weights, strict=True)]
+
+
+def best_step_reference(batch: StepBatch, *, gamma: float = 0.95, tol: float = 1e-6) -> list[float]:
+    """Slow loop version of :func:`arborl.credit.best_step`."""
+    weights = best_return_weights_reference(_returns_reference(batch, gamma), _state_keys(batch), tol=tol)
+    return [w * a for w, a in zip(weights, _flags(batch.active, len(weights)), strict=True)]
