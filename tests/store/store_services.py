@@ -96,7 +96,10 @@ def _has_user(name: str) -> bool:
 
 @contextlib.contextmanager
 def _process(cmd: list[str], port: int) -> Iterator[subprocess.Popen]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    # stderr goes to a file, never to a pipe nobody reads: a server that logs every request (moto)
+    # blocks once a pipe's 64 KiB are full, and every later request then hangs.
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
     try:
         wait_port(port)
         yield proc
@@ -108,6 +111,7 @@ def _process(cmd: list[str], port: int) -> Iterator[subprocess.Popen]:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        log.close()
 
 
 @contextlib.contextmanager
