@@ -98,20 +98,19 @@ def _has_user(name: str) -> bool:
 def _process(cmd: list[str], port: int) -> Iterator[subprocess.Popen]:
     # stderr goes to a file, never to a pipe nobody reads: a server that logs every request (moto)
     # blocks once a pipe's 64 KiB are full, and every later request then hangs.
-    log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
-    try:
-        wait_port(port)
-        yield proc
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)  # our own session: the server and nothing else
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
         try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
+            wait_port(port)
+            yield proc
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)  # our own session: the server and nothing else
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 @contextlib.contextmanager
