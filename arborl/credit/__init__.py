@@ -21,6 +21,7 @@ from arborl.credit.advantages import (
     step_group_advantages_reference,
 )
 from arborl.credit.estimators import StepBatch, best_step, dr_grpo, gigpo, grpo, rloo
+from arborl.credit.gae import archer, turn_gae, turn_gae_returns, whiten_by_episode
 from arborl.credit.filters import (
     credit_on_groups,
     group_score_std,
@@ -31,6 +32,7 @@ from arborl.credit.filters import (
 __all__ = [
     "SINGLETON_RULES",
     "StepBatch",
+    "archer",
     "best_return_weights",
     "best_return_weights_reference",
     "best_step",
@@ -50,4 +52,7 @@ __all__ = [
     "starpo_s_groups_reference",
     "step_group_advantages",
     "step_group_advantages_reference",
+    "turn_gae",
+    "turn_gae_returns",
+    "whiten_by_episode",
 ]
