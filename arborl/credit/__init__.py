@@ -21,13 +21,13 @@ from arborl.credit.advantages import (
     step_group_advantages_reference,
 )
 from arborl.credit.estimators import StepBatch, best_step, dr_grpo, gigpo, grpo, rloo
-from arborl.credit.gae import archer, turn_gae, turn_gae_returns, whiten_by_episode
 from arborl.credit.filters import (
     credit_on_groups,
     group_score_std,
     starpo_s_groups,
     starpo_s_groups_reference,
 )
+from arborl.credit.gae import archer, turn_gae, turn_gae_returns, whiten_by_episode
 
 __all__ = [
     "SINGLETON_RULES",

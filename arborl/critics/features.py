@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from arborl.trajectory import Episode, Turn
+from arborl.trajectory import Turn
 
 BOOTSTRAP_STOPS = ("max_turns", "max_context", "truncated")
 """Stop reasons after which the episode had a future: its last turn is bootstrapped from the critic.
@@ -51,9 +51,18 @@ def turn_positions(turns: Sequence[Turn]) -> TurnPositions:
     return TurnPositions(ids, state, action)
 
 
-def bootstraps(ep: Episode) -> bool:
-    """Whether the episode was cut by a budget (bootstrap its last turn) rather than ended."""
-    return ep.stop_reason in BOOTSTRAP_STOPS
+def bootstraps(stop_reason: str) -> bool:
+    """Whether an episode that stopped for ``stop_reason`` was cut by a budget (bootstrap its last turn)."""
+    return stop_reason in BOOTSTRAP_STOPS
+
+
+def offsets(sizes: Sequence[int]) -> list[int]:
+    """Start of each block when blocks of ``sizes`` are laid end to end."""
+    out, acc = [], 0
+    for s in sizes:
+        out.append(acc)
+        acc += s
+    return out
 
 
 def hidden_at(trunk: nn.Module, sequences: Sequence[list[int]], positions: Sequence[list[int]], *,

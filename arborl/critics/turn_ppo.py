@@ -27,10 +27,18 @@ import torch
 from torch import Tensor
 
 from arborl.credit import turn_gae_returns
-from arborl.critics.features import bootstraps, hidden_at, mlp_head, pad_id_of, trunk_of, turn_positions
+from arborl.critics.features import (
+    bootstraps,
+    hidden_at,
+    mlp_head,
+    offsets,
+    pad_id_of,
+    trunk_of,
+    turn_positions,
+)
 from arborl.loss import clipped_value_loss, explained_variance
-from arborl.train.credit_models import CreditContext
 from arborl.train.config import TrainConfig
+from arborl.train.credit_models import CreditContext
 
 
 class TurnCritic:
@@ -65,7 +73,7 @@ class TurnCritic:
     def _split(self, ctx: CreditContext, feats: Tensor) -> tuple[Tensor, Tensor]:
         """Row indices of the turn states (``[N]``) and of the final states (``[E]``) in ``_features``."""
         turns = [len(ep.path()) for ep in ctx.episodes]
-        starts = _offsets([t + 1 for t in turns])
+        starts = offsets([t + 1 for t in turns])
         state_rows = [s + k for s, t in zip(starts, turns, strict=True) for k in range(t)]
         final_rows = [s + t for s, t in zip(starts, turns, strict=True)]
         return torch.tensor(state_rows, dtype=torch.long), torch.tensor(final_rows, dtype=torch.long)
@@ -78,7 +86,7 @@ class TurnCritic:
         state_rows, final_rows = self._split(ctx, feats)
         if state_rows.numel() != ctx.steps.episode.numel():
             raise ValueError(f"the critic found {state_rows.numel()} turns, the step batch has {ctx.steps.episode.numel()}")
-        truncated = torch.tensor([bootstraps(ep) for ep in ctx.episodes], dtype=torch.bool)
+        truncated = torch.tensor([bootstraps(ep.stop_reason) for ep in ctx.episodes], dtype=torch.bool)
         self._cache = {"feats": feats, "values": v[state_rows], "next": v[final_rows], "truncated": truncated,
                        "state_rows": state_rows}
         return {"values": v[state_rows], "episode_next_value": v[final_rows], "episode_truncated": truncated}
@@ -117,7 +125,7 @@ class TurnCritic:
         eps = sorted(mb.tolist())
         feats = self._features(ctx, [ctx.episodes[e] for e in eps], grad=True)
         keep = torch.cat([torch.arange(len(ctx.episodes[e].path())) + off for e, off in
-                          zip(eps, _offsets([len(ctx.episodes[e].path()) + 1 for e in eps]), strict=True)])
+                          zip(eps, offsets([len(ctx.episodes[e].path()) + 1 for e in eps]), strict=True)])
         return self.head(feats[keep]).squeeze(-1)
 
     def state_dict(self) -> dict:
@@ -132,14 +140,6 @@ class TurnCritic:
             self.trunk.load_state_dict(state["trunk"])
         self.opt.load_state_dict(state["opt"])
         self.gen.set_state(state["gen"])
-
-
-def _offsets(sizes: list[int]) -> list[int]:
-    out, acc = [], 0
-    for s in sizes:
-        out.append(acc)
-        acc += s
-    return out
 
 
 def build_turn_critic(cfg: TrainConfig, policy: torch.nn.Module, tok) -> TurnCritic:
