@@ -98,8 +98,8 @@ def whiten_by_episode(adv: Tensor, batch: StepBatch, *, eps: float = WHITEN_EPS)
         return torch.zeros_like(adv, dtype=torch.float32)
     a = adv.to(torch.float64)
     mean = (w * a).sum() / total
-    n_eps = float(total)  # each episode with active steps contributes weight 1
-    var = (w * (a - mean) ** 2).sum() / max(n_eps - 1.0, 1.0) if n_eps > 1 else torch.tensor(1.0, dtype=torch.float64)
+    n_eps = int((batch.turns_per_episode() > 0).sum())  # each contributes weight 1 in all
+    var = (w * (a - mean) ** 2).sum() / (n_eps - 1) if n_eps > 1 else torch.tensor(1.0, dtype=torch.float64)
     out = (a - mean) / torch.sqrt(var + eps)
     return (out * batch.step_active()).to(torch.float32)
 

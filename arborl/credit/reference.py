@@ -122,7 +122,8 @@ def _whiten_by_episode_reference(adv: list[float], batch: StepBatch, eps: float)
     if total <= 0:
         return [0.0] * len(adv)
     mean = sum(w * x for w, x in zip(weights, adv, strict=True)) / total
-    var = sum(w * (x - mean) ** 2 for w, x in zip(weights, adv, strict=True)) / (total - 1) if total > 1 else 1.0
+    n_eps = sum(1 for n in turns.values() if n > 0)
+    var = sum(w * (x - mean) ** 2 for w, x in zip(weights, adv, strict=True)) / (n_eps - 1) if n_eps > 1 else 1.0
     return [(x - mean) / (var + eps) ** 0.5 * a for x, a in zip(adv, active, strict=True)]
 
 
