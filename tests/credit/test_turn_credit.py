@@ -155,7 +155,7 @@ def test_a_per_turn_index_baseline_is_biased_where_turn_level_gae_is_not():
     p, m, c = 0.25, 3, 0.3
     b, values, stops, q_stop, q_go = stop_or_continue(p, m, c=c, r_stop=0.5, r_go=1.0)
     rows = {}
-    for i, (e, k) in enumerate(zip(b.episode.tolist(), b.step.tolist(), strict=True)):
+    for i, k in enumerate(b.step.tolist()):
         rows.setdefault(k, []).append(i)
     base = {k: sum(b.reward[i] for i in idx) / len(idx) for k, idx in rows.items()}
     naive = [sum(float(b.reward[i] - base[k]) for i, (ee, k) in
