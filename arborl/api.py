@@ -53,12 +53,12 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, ch
     """
     from rich.console import Console
 
-    from arborl.cli import credit_from_config, summary_table
+    from arborl.cli import credit_from_config, credit_model_from_config, summary_table
     from arborl.train.pipeline import run_pipeline
 
     console = None if quiet else Console()
     summary = run_pipeline(cfg, credit_from_config(cfg.rl), resume=resume, overwrite=overwrite,
-                           checkpoint=checkpoint, console=console)
+                           checkpoint=checkpoint, console=console, credit_model=credit_model_from_config(cfg.rl))
     if console is not None:
         summary_table(summary, console)
     return summary

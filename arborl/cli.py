@@ -37,6 +37,27 @@ CREDIT_ESTIMATORS: dict[str, tuple[str, Callable[[RLConfig], dict[str, Any]]]] =
     "gigpo": ("gigpo", lambda rl: {"gamma": rl.gamma, "step_weight": rl.step_weight, "norm_by_std": rl.norm_by_std,
                                    "length_neutral": rl.length_neutral, "singleton": rl.singleton}),
     "best_step": ("best_step", lambda rl: {"gamma": rl.gamma}),
+    "turn_ppo": ("turn_gae", lambda rl: {"gamma": rl.gamma, "lam": rl.gae_lambda, "whiten": rl.whiten_advantages}),
+    "archer": ("archer", lambda rl: {}),
+}
+
+
+
+def _model(path: str) -> Callable[..., Any]:
+    """A builder that imports ``module:function`` when called (``--help`` imports no torch)."""
+    def build(cfg, policy, tok):
+        import importlib
+
+        module, name = path.split(":")
+        return getattr(importlib.import_module(module), name)(cfg, policy, tok)
+    return build
+
+
+# rl.credit names whose estimator needs a trained model (arborl.train.credit_models): the builder
+# (TrainConfig, policy, tokenizer) -> CreditModel. The pipeline builds it and hands it to RL.
+CREDIT_MODELS: dict[str, Callable[..., Any]] = {
+    "turn_ppo": _model("arborl.critics.turn_ppo:build_turn_critic"),
+    "archer": _model("arborl.critics.archer:build_archer_critic"),
 }
 
 ERROR_TYPES = (
@@ -63,6 +84,11 @@ def credit_from_config(rl: RLConfig) -> Callable[..., Any]:
         raise ConfigError(f"rl.credit = {rl.credit!r} is unknown; choose one of {sorted(CREDIT_ESTIMATORS)}")
     name, options = CREDIT_ESTIMATORS[rl.credit]
     return functools.partial(getattr(credit, name), **options(rl))
+
+
+def credit_model_from_config(rl: RLConfig) -> Callable[..., Any] | None:
+    """The builder of ``rl.credit``'s credit model, or None when the estimator needs none."""
+    return CREDIT_MODELS.get(rl.credit)
 
 
 def summary_table(summary: dict, console) -> None:
@@ -112,7 +138,8 @@ def _run(args: argparse.Namespace) -> int:
     console = Console(stderr=False)
     cfg = _load(args, args.stages)
     summary = run_pipeline(cfg, credit_from_config(cfg.rl), resume=args.resume, overwrite=args.overwrite,
-                           checkpoint=getattr(args, "checkpoint", None), console=console)
+                           checkpoint=getattr(args, "checkpoint", None), console=console,
+                           credit_model=credit_model_from_config(cfg.rl))
     summary_table(summary, console)
     return 0
 

@@ -62,6 +62,29 @@ def _filtered_reference(b: StepBatch) -> list[float]:
     return out
 
 
+def critic_inputs(b: StepBatch, seed: int = 1) -> dict[str, torch.Tensor]:
+    """Stand-ins for a critic's outputs on ``b``: values, Q-values and per-episode bootstrap inputs."""
+    gen = torch.Generator().manual_seed(seed)
+    n, e = b.episode.numel(), b.group.numel()
+    return {"values": torch.rand(n, generator=gen), "q_values": torch.rand(n, generator=gen),
+            "episode_next_value": torch.rand(e, generator=gen), "episode_truncated": torch.rand(e, generator=gen) < 0.3}
+
+
+def _turn_ppo(fn):
+    def run(b):
+        x = critic_inputs(b)
+        return fn(b, values=x["values"], episode_next_value=x["episode_next_value"],
+                  episode_truncated=x["episode_truncated"], gamma=0.95, lam=0.9, whiten=True)
+    return run
+
+
+def _archer(fn):
+    def run(b):
+        x = critic_inputs(b)
+        return fn(b, q_values=x["q_values"], values=x["values"])
+    return run
+
+
 def cases() -> list[tuple[str, Callable[[StepBatch], torch.Tensor], Callable[[StepBatch], list]]]:
     """(name, vectorised, reference) of every estimator with the options the CLI passes by default."""
     return [
@@ -75,6 +98,8 @@ def cases() -> list[tuple[str, Callable[[StepBatch], torch.Tensor], Callable[[St
         ("grpo + starpo_s", lambda b: credit.credit_on_groups(
             lambda x: credit.grpo(x, length_neutral=True), b, credit.starpo_s_groups(b, keep_ratio=0.25)),
          _filtered_reference),
+        ("turn_ppo", _turn_ppo(credit.turn_gae), _turn_ppo(ref.turn_gae_reference)),
+        ("archer", _archer(credit.archer), _archer(ref.archer_reference)),
     ]
 
 

@@ -27,10 +27,12 @@ from arborl.credit.filters import (
     starpo_s_groups,
     starpo_s_groups_reference,
 )
+from arborl.credit.gae import archer, turn_gae, turn_gae_returns, whiten_by_episode
 
 __all__ = [
     "SINGLETON_RULES",
     "StepBatch",
+    "archer",
     "best_return_weights",
     "best_return_weights_reference",
     "best_step",
@@ -50,4 +52,7 @@ __all__ = [
     "starpo_s_groups_reference",
     "step_group_advantages",
     "step_group_advantages_reference",
+    "turn_gae",
+    "turn_gae_returns",
+    "whiten_by_episode",
 ]

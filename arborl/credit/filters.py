@@ -92,22 +92,43 @@ def starpo_s_groups_reference(batch: StepBatch, *, keep_ratio: float, keep_zero_
     return [g in top and (keep_zero_std or stds[g] > ZERO_STD) for g in range(n_groups)]
 
 
-def credit_on_groups(estimator: Callable[[StepBatch], Tensor], batch: StepBatch, keep_groups: Tensor) -> Tensor:
+EPISODE_PREFIX = "episode_"
+"""An extra estimator input whose name starts with this holds one entry per episode (``[E]``); any
+other holds one per step row (``[N]``)."""
+
+
+def _check_extra(batch: StepBatch, extra: dict[str, Tensor]) -> None:
+    n, e = batch.episode.numel(), batch.group.numel()
+    for key, value in extra.items():
+        size, what = (e, "episode") if key.startswith(EPISODE_PREFIX) else (n, "step row")
+        if value.shape[:1] != (size,):
+            raise ValueError(f"estimator input {key!r} has shape {tuple(value.shape)}; it needs one entry per "
+                             f"{what} ({size}); name per-episode inputs {EPISODE_PREFIX}*")
+
+
+def credit_on_groups(estimator: Callable[..., Tensor], batch: StepBatch, keep_groups: Tensor,
+                     **extra: Tensor) -> Tensor:
     """Run ``estimator`` on the episodes of the kept groups only; every other step gets 0.
 
     Args:
-        estimator: A credit estimator (``StepBatch -> [N]`` advantages).
+        estimator: A credit estimator (``StepBatch -> [N]`` advantages, plus ``extra`` keywords).
         batch: The whole batch.
         keep_groups: ``[G]`` bool, e.g. from :func:`starpo_s_groups`.
+        **extra: Tensors a credit model produced, passed on to the estimator: ``[N]`` per step row,
+            or ``[E]`` per episode for names starting with ``episode_``; both are sliced to the
+            kept episodes with the batch.
 
     Returns:
         ``[N]`` float32 step advantages of ``batch``.
     """
+    _check_extra(batch, extra)
     keep = keep_groups[batch.group] if batch.group.numel() else torch.zeros(0, dtype=torch.bool)
     if bool(keep.all()):
-        return estimator(batch)
+        return estimator(batch, **extra)
     out = torch.zeros(batch.episode.numel(), dtype=torch.float32)
     if bool(keep.any()):
         sub, rows = batch.select_episodes(keep)
-        out[rows] = estimator(sub).to(torch.float32)
+        kept = keep.nonzero()[:, 0]
+        sliced = {k: v[kept] if k.startswith(EPISODE_PREFIX) else v[rows] for k, v in extra.items()}
+        out[rows] = estimator(sub, **sliced).to(torch.float32)
     return out

@@ -109,3 +109,46 @@ def best_step_reference(batch: StepBatch, *, gamma: float = 0.95, tol: float = 1
     """Slow loop version of :func:`arborl.credit.best_step`."""
     weights = best_return_weights_reference(_returns_reference(batch, gamma), _state_keys(batch), tol=tol)
     return [w * a for w, a in zip(weights, _flags(batch.active, len(weights)), strict=True)]
+
+
+def _whiten_by_episode_reference(adv: list[float], batch: StepBatch, eps: float) -> list[float]:
+    """Standardise ``adv`` with every episode weighing the same (each of its active turns ``1 / turns``)."""
+    episode, active = batch.episode.tolist(), _flags(batch.active, batch.episode.numel())
+    turns: dict[int, int] = {}
+    for e, a in zip(episode, active, strict=True):
+        turns[e] = turns.get(e, 0) + a
+    weights = [a / turns[e] if a else 0.0 for e, a in zip(episode, active, strict=True)]
+    total = sum(weights)
+    if total <= 0:
+        return [0.0] * len(adv)
+    mean = sum(w * x for w, x in zip(weights, adv, strict=True)) / total
+    n_eps = sum(1 for n in turns.values() if n > 0)
+    var = sum(w * (x - mean) ** 2 for w, x in zip(weights, adv, strict=True)) / (n_eps - 1) if n_eps > 1 else 1.0
+    return [(x - mean) / (var + eps) ** 0.5 * a for x, a in zip(adv, active, strict=True)]
+
+
+def turn_gae_reference(batch: StepBatch, *, values, episode_next_value, episode_truncated, gamma: float = 0.99,
+                       lam: float = 0.9, whiten: bool = True, eps: float = 1e-8) -> list[float]:
+    """Slow loop version of :func:`arborl.credit.turn_gae`: the GAE recursion, turn by turn, per episode."""
+    episode, step, reward = batch.episode.tolist(), batch.step.tolist(), batch.reward.tolist()
+    v, nv, trunc = values.tolist(), episode_next_value.tolist(), episode_truncated.tolist()
+    rows: dict[int, list[int]] = {}
+    for i, e in enumerate(episode):
+        rows.setdefault(e, []).append(i)
+    adv = [0.0] * len(episode)
+    for e, idx in rows.items():
+        nxt, acc = (nv[e] if trunc[e] else 0.0), 0.0
+        for i in sorted(idx, key=lambda i: step[i], reverse=True):
+            acc = reward[i] + gamma * nxt - v[i] + gamma * lam * acc
+            adv[i], nxt = acc, v[i]
+    if whiten:
+        return _whiten_by_episode_reference(adv, batch, eps)
+    return [a * ok for a, ok in zip(adv, _flags(batch.active, len(adv)), strict=True)]
+
+
+def archer_reference(batch: StepBatch, *, q_values, values, whiten: bool = False, eps: float = 1e-8) -> list[float]:
+    """Slow loop version of :func:`arborl.credit.archer`."""
+    adv = [q - v for q, v in zip(q_values.tolist(), values.tolist(), strict=True)]
+    if whiten:
+        return _whiten_by_episode_reference(adv, batch, eps)
+    return [a * ok for a, ok in zip(adv, _flags(batch.active, len(adv)), strict=True)]

@@ -9,5 +9,7 @@ from arborl.loss.policy import (
     ppo_clip_loss,
     sft_loss,
 )
+from arborl.loss.value import clipped_value_loss, explained_variance
 
-__all__ = ["AGG_MODES", "KL_KINDS", "LossOutput", "aggregate", "kl_estimate", "ppo_clip_loss", "sft_loss"]
+__all__ = ["AGG_MODES", "KL_KINDS", "LossOutput", "aggregate", "clipped_value_loss", "explained_variance", "kl_estimate",
+           "ppo_clip_loss", "sft_loss"]

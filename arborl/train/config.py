@@ -137,10 +137,11 @@ class RLConfig:
     non-negative; ``abs`` = |log-ratio|); see ``arborl.loss.kl_estimate``."""
     entropy_coef: float = 0.0
     """Weight of the token-entropy bonus (subtracted from the loss; 0 disables it)."""
-    credit: Literal["grpo", "rloo", "dr_grpo", "gigpo", "best_step"] = "gigpo"
+    credit: Literal["grpo", "rloo", "dr_grpo", "gigpo", "best_step", "turn_ppo", "archer"] = "gigpo"
     """Credit estimator (see arborl.credit and docs/credit.md): ``grpo`` (group mean and std), ``rloo``
     (leave-one-out mean), ``dr_grpo`` (group mean only: ignores ``norm_by_std`` and ``length_neutral``),
-    ``gigpo`` (episode + anchor-state step advantage), ``best_step`` (best return of each state)."""
+    ``gigpo`` (episode + anchor-state step advantage), ``best_step`` (best return of each state), ``turn_ppo``
+    (turn-level GAE on a learned critic V), ``archer`` (Q - V of an off-policy turn-level critic)."""
     singleton: Literal["raw", "zero"] = "raw"
     """What an episode with no peer in its group gets (grpo, rloo, dr_grpo, and gigpo's episode term):
     ``raw`` its score itself (A = R, verl's rule), ``zero`` nothing (no baseline, no signal)."""
@@ -154,7 +155,28 @@ class RLConfig:
     """StarPO-S: a group whose scores are all equal may be kept (false: never, so an iteration whose
     groups all agree trains on nothing and counts in ``train/filter_empty``)."""
     gamma: float = 0.95
-    """Discount of step returns (GiGPO)."""
+    """Discount per turn of step returns (GiGPO, best_step) and of the critics' targets (turn_ppo, archer)."""
+    gae_lambda: float = 0.9
+    """turn_ppo: GAE's lambda over turns (1: Monte-Carlo return minus V; 0: one-step TD error)."""
+    whiten_advantages: bool = True
+    """turn_ppo: standardise the turn advantages over the batch, every episode weighing the same."""
+    critic: Literal["head", "separate"] = "head"
+    """turn_ppo: ``head``, an MLP on the policy's detached hidden state (the policy update is unchanged),
+    or ``separate``, a copy of the policy's transformer body with its own head, trained end to end."""
+    critic_lr: float = 1e-3
+    """Learning rate of the critic's AdamW (turn_ppo, archer); Turn-PPO trains its critic faster than the actor."""
+    critic_warmup: int = 0
+    """turn_ppo, archer: for the first N iterations only the critic trains; the policy is not updated."""
+    critic_epochs: int = 4
+    """turn_ppo: passes over the iteration's episodes per fit; archer: critic gradient steps per iteration."""
+    critic_minibatch: int = 32
+    """turn_ppo: episodes per critic step; archer: turns sampled from the replay buffer per critic step."""
+    value_clip: float = 0.5
+    """turn_ppo: a value moves at most this far from its old value before its loss stops pulling (0: plain MSE)."""
+    archer_tau: float = 0.1
+    """archer: soft update of the target critic after every critic step, target <- (1 - tau) target + tau online."""
+    archer_replay_iters: int = 10
+    """archer: the replay buffer holds the turns of the last N iterations (read back from the store)."""
     step_weight: float = 1.0
     """Weight w of the step advantage in A = A^E + w A^S (GiGPO)."""
     norm_by_std: bool = True
@@ -206,6 +228,14 @@ class RLConfig:
 
     def _check_credit(self) -> None:
         """Rules between the credit fields."""
+        if not 0 <= self.gae_lambda <= 1 or not 0 < self.archer_tau <= 1:
+            raise ValueError(f"rl.gae_lambda must be in [0, 1] and rl.archer_tau in (0, 1] (got {self.gae_lambda}, "
+                             f"{self.archer_tau})")
+        for name in ("critic_lr", "critic_epochs", "critic_minibatch", "archer_replay_iters"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"rl.{name} must be > 0, got {getattr(self, name)!r}")
+        if self.critic_warmup < 0 or self.value_clip < 0:
+            raise ValueError("rl.critic_warmup and rl.value_clip must be >= 0")
         if not 0 < self.keep_ratio <= 1:
             raise ValueError(f"rl.keep_ratio is {self.keep_ratio}; keep a fraction of the groups in (0, 1]")
         if self.credit == "dr_grpo" and self.loss_agg == "seq-mean-token-mean":
