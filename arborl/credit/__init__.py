@@ -27,6 +27,7 @@ from arborl.credit.filters import (
     starpo_s_groups,
     starpo_s_groups_reference,
 )
+from arborl.credit.process import process, process_step_advantages
 
 __all__ = [
     "SINGLETON_RULES",
@@ -42,6 +43,8 @@ __all__ = [
     "grpo",
     "grpo_advantages",
     "grpo_advantages_reference",
+    "process",
+    "process_step_advantages",
     "group_score_std",
     "rloo",
     "rloo_advantages",

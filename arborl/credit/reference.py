@@ -109,3 +109,23 @@ def best_step_reference(batch: StepBatch, *, gamma: float = 0.95, tol: float = 1
     """Slow loop version of :func:`arborl.credit.best_step`."""
     weights = best_return_weights_reference(_returns_reference(batch, gamma), _state_keys(batch), tol=tol)
     return [w * a for w, a in zip(weights, _flags(batch.active, len(weights)), strict=True)]
+
+
+def process_reference(batch: StepBatch, *, step_scores, weight: float = 1.0, gamma: float = 0.0,
+                      norm_by_std: bool = True, eps: float = 1e-6, length_neutral: bool = False,
+                      singleton: str = "raw") -> list[float]:
+    """Slow loop version of :func:`arborl.credit.process.process`."""
+    ep = _episode_reference(batch, baseline="mean", norm_by_std=norm_by_std, eps=eps, singleton=singleton)
+    active = _flags(batch.active, batch.episode.numel())
+    scores = [s if a else 0.0 for s, a in zip(step_scores.tolist(), active, strict=True)]
+    episode, step = batch.episode.tolist(), batch.step.tolist()
+    to_go = [0.0] * len(scores)
+    for i in range(len(scores)):  # sum over the same episode's later steps, one row at a time
+        to_go[i] = sum(gamma ** (step[j] - step[i]) * scores[j] for j in range(len(scores))
+                       if episode[j] == episode[i] and step[j] >= step[i])
+    group = batch.group.tolist()
+    keys = [(group[e],) if a else ("inactive", i) for i, (e, a) in enumerate(zip(episode, active, strict=True))]
+    a_step = step_group_advantages_reference(to_go, keys, norm_by_std=norm_by_std, eps=eps)
+    combined = [ep[e] + weight * s for e, s in zip(episode, a_step, strict=True)]
+    weights = _length_weights_reference(batch) if length_neutral else [1.0] * len(combined)
+    return [c * a * w for c, a, w in zip(combined, active, weights, strict=True)]
