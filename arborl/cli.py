@@ -37,6 +37,30 @@ CREDIT_ESTIMATORS: dict[str, tuple[str, Callable[[RLConfig], dict[str, Any]]]] =
     "gigpo": ("gigpo", lambda rl: {"gamma": rl.gamma, "step_weight": rl.step_weight, "norm_by_std": rl.norm_by_std,
                                    "length_neutral": rl.length_neutral, "singleton": rl.singleton}),
     "best_step": ("best_step", lambda rl: {"gamma": rl.gamma}),
+    "prm": ("process", lambda rl: {"weight": rl.prm_weight, "gamma": 0.0, "norm_by_std": rl.norm_by_std,
+                                   "length_neutral": rl.length_neutral, "singleton": rl.singleton}),
+    **{name: ("process", lambda rl: {"weight": rl.prm_weight, "gamma": rl.prm_return_gamma,
+                                     "norm_by_std": rl.norm_by_std, "length_neutral": rl.length_neutral,
+                                     "singleton": rl.singleton}) for name in ("implicit_prm", "istar")},
+}
+
+
+def _lazy_model(path: str, **options: Any) -> Callable[..., Any]:
+    """A credit-model factory that imports ``module:Class`` when called (so ``--help`` stays fast)."""
+    def build(cfg, policy, tok):
+        import importlib
+
+        module, _, name = path.partition(":")
+        return getattr(importlib.import_module(module), name)(cfg, policy, tok, **options)
+    return build
+
+
+# rl.credit names whose estimator needs a trained model, and its factory ``(cfg, policy, tok) ->
+# CreditModel`` (arborl.train.credit_models), called with the start policy of RL.
+CREDIT_MODELS: dict[str, Callable[..., Any]] = {
+    "prm": _lazy_model("arborl.prm.explicit:ExplicitPRM"),
+    "implicit_prm": _lazy_model("arborl.prm.implicit:ImplicitPRM", objective="ce", reference="frozen"),
+    "istar": _lazy_model("arborl.prm.implicit:ImplicitPRM", objective="dpo", reference="behaviour"),
 }
 
 ERROR_TYPES = (
@@ -63,6 +87,11 @@ def credit_from_config(rl: RLConfig) -> Callable[..., Any]:
         raise ConfigError(f"rl.credit = {rl.credit!r} is unknown; choose one of {sorted(CREDIT_ESTIMATORS)}")
     name, options = CREDIT_ESTIMATORS[rl.credit]
     return functools.partial(getattr(credit, name), **options(rl))
+
+
+def credit_model_from_config(rl: RLConfig) -> Callable[..., Any] | None:
+    """``(cfg, policy, tok) -> CreditModel`` for an ``rl.credit`` that trains a model; None for the others."""
+    return CREDIT_MODELS.get(rl.credit)
 
 
 def summary_table(summary: dict, console) -> None:
@@ -112,7 +141,8 @@ def _run(args: argparse.Namespace) -> int:
     console = Console(stderr=False)
     cfg = _load(args, args.stages)
     summary = run_pipeline(cfg, credit_from_config(cfg.rl), resume=args.resume, overwrite=args.overwrite,
-                           checkpoint=getattr(args, "checkpoint", None), console=console)
+                           checkpoint=getattr(args, "checkpoint", None), console=console,
+                           credit_model=credit_model_from_config(cfg.rl))
     summary_table(summary, console)
     return 0
 

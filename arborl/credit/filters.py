@@ -92,22 +92,28 @@ def starpo_s_groups_reference(batch: StepBatch, *, keep_ratio: float, keep_zero_
     return [g in top and (keep_zero_std or stds[g] > ZERO_STD) for g in range(n_groups)]
 
 
-def credit_on_groups(estimator: Callable[[StepBatch], Tensor], batch: StepBatch, keep_groups: Tensor) -> Tensor:
+def credit_on_groups(estimator: Callable[..., Tensor], batch: StepBatch, keep_groups: Tensor,
+                     **extra: Tensor) -> Tensor:
     """Run ``estimator`` on the episodes of the kept groups only; every other step gets 0.
 
     Args:
         estimator: A credit estimator (``StepBatch -> [N]`` advantages).
         batch: The whole batch.
         keep_groups: ``[G]`` bool, e.g. from :func:`starpo_s_groups`.
+        **extra: Tensors a credit model produced, passed on as keyword arguments: ``[N]`` ones
+            (one per step row; this reading wins when N equals E) are cut to the kept steps,
+            ``[E]`` ones to the kept episodes.
 
     Returns:
         ``[N]`` float32 step advantages of ``batch``.
     """
     keep = keep_groups[batch.group] if batch.group.numel() else torch.zeros(0, dtype=torch.bool)
     if bool(keep.all()):
-        return estimator(batch)
+        return estimator(batch, **extra)
     out = torch.zeros(batch.episode.numel(), dtype=torch.float32)
     if bool(keep.any()):
         sub, rows = batch.select_episodes(keep)
-        out[rows] = estimator(sub).to(torch.float32)
+        n = batch.episode.numel()
+        cut = {k: v[rows] if v.shape[0] == n else v[keep] for k, v in extra.items()}
+        out[rows] = estimator(sub, **cut).to(torch.float32)
     return out

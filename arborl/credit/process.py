@@ -15,7 +15,8 @@ step advantages and combines them with the group-relative episode advantage:
 * The step term is normalised within the episode group (the same task and start state), like
   GiGPO's anchor-state groups but without requiring states to repeat: a step is compared with
   every other step of the group's trajectories. A group with one active step, or whose process
-  returns are all equal, gets ``A^P = 0``; ``norm_by_std = False`` keeps the raw difference.
+  returns are all equal (a std of at most ``NOISE_STD``), gets ``A^P = 0``; ``norm_by_std = False``
+  keeps the raw difference.
 * Inactive steps (a branch's replay of its trunk) get 0 and their scores are ignored.
 
 Nothing here imports env, rollout, policy or train code.
@@ -26,8 +27,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from arborl.credit.advantages import dense_ids, discounted_returns, step_group_advantages
+from arborl.credit.advantages import _segment_mean_std, dense_ids, discounted_returns, step_group_advantages
 from arborl.credit.estimators import StepBatch, _episode_advantages, _length_weights
+
+
+NOISE_STD = 1e-5
+"""Process returns of a group that spread less than this (std) are float noise, not a signal: an implicit
+PRM equal to its reference gives log-ratios of about 1e-7, which the std division would blow up to O(1)."""
 
 
 def _check_scores(batch: StepBatch, step_scores: Tensor | None) -> Tensor:
@@ -41,7 +47,7 @@ def _check_scores(batch: StepBatch, step_scores: Tensor | None) -> Tensor:
 
 
 def process_step_advantages(batch: StepBatch, step_scores: Tensor, *, gamma: float = 0.0, norm_by_std: bool = True,
-                            eps: float = 1e-6) -> Tensor:
+                            eps: float = 1e-6, tol: float = NOISE_STD) -> Tensor:
     """``[N]`` the step term ``A^P``: process returns-to-go normalised within each episode group.
 
     Args:
@@ -50,6 +56,7 @@ def process_step_advantages(batch: StepBatch, step_scores: Tensor, *, gamma: flo
         gamma: Discount of the process return-to-go (0: each step's own score).
         norm_by_std: Divide by the group's std of process returns (False: subtract the mean only).
         eps: Added to the std.
+        tol: A group whose process returns have a std of at most this has no spread (gets 0).
 
     Returns:
         ``[N]`` float32; 0 for inactive steps and for groups without spread.
@@ -59,7 +66,9 @@ def process_step_advantages(batch: StepBatch, step_scores: Tensor, *, gamma: flo
     returns = discounted_returns(scores, batch.episode, batch.step, gamma=gamma)
     key = torch.where(active, torch.zeros_like(batch.episode), -1 - torch.arange(active.numel()))
     groups = dense_ids(batch.group[batch.episode], key) if active.numel() else batch.episode
-    return step_group_advantages(returns, groups, norm_by_std=norm_by_std, eps=eps) * active
+    n_seg = int(groups.max()) + 1 if groups.numel() else 0
+    spread = _segment_mean_std(returns.to(torch.float64), groups, n_seg)[2][groups] > tol
+    return step_group_advantages(returns, groups, norm_by_std=norm_by_std, eps=eps) * active * spread
 
 
 def process(batch: StepBatch, *, step_scores: Tensor | None = None, weight: float = 1.0, gamma: float = 0.0,

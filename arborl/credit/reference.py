@@ -14,6 +14,7 @@ from arborl.credit.advantages import (
     step_group_advantages_reference,
 )
 from arborl.credit.estimators import StepBatch
+from arborl.credit.process import NOISE_STD
 
 
 def _flags(mask, size: int) -> list[bool]:
@@ -126,6 +127,14 @@ def process_reference(batch: StepBatch, *, step_scores, weight: float = 1.0, gam
     group = batch.group.tolist()
     keys = [(group[e],) if a else ("inactive", i) for i, (e, a) in enumerate(zip(episode, active, strict=True))]
     a_step = step_group_advantages_reference(to_go, keys, norm_by_std=norm_by_std, eps=eps)
+    members: dict[tuple, list[float]] = {}
+    for k, g in zip(keys, to_go, strict=True):
+        members.setdefault(k, []).append(g)
+    for i, k in enumerate(keys):  # a group without spread beyond float noise gets no step term
+        vals = members[k]
+        mean = sum(vals) / len(vals)
+        if len(vals) < 2 or (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 <= NOISE_STD:
+            a_step[i] = 0.0
     combined = [ep[e] + weight * s for e, s in zip(episode, a_step, strict=True)]
     weights = _length_weights_reference(batch) if length_neutral else [1.0] * len(combined)
     return [c * a * w for c, a, w in zip(combined, active, weights, strict=True)]

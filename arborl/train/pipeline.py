@@ -50,7 +50,7 @@ def _save_config(cfg: TrainConfig, run_dir: Path) -> None:
 
 
 def run_pipeline(cfg: TrainConfig, credit: CreditFn, *, resume: bool = False, overwrite: bool = False,
-                 checkpoint: str | None = None, console=None) -> dict[str, Any]:
+                 checkpoint: str | None = None, console=None, credit_model=None) -> dict[str, Any]:
     """Run the configured stages in order and write summary.json + learning_curve.png.
 
     Args:
@@ -61,6 +61,8 @@ def run_pipeline(cfg: TrainConfig, credit: CreditFn, *, resume: bool = False, ov
         overwrite: Replace the outputs of the configured stages that an earlier run left in ``run_dir``.
         checkpoint: Evaluate this checkpoint directory (instead of the run's own) in the eval stage.
         console: A rich console for messages (None: quiet).
+        credit_model: ``(cfg, policy, tok) -> CreditModel`` for an ``rl.credit`` that trains a model
+            (``arborl.cli.CREDIT_MODELS``), built from the start policy of RL; None: no model.
 
     Raises:
         ConfigError: ``run_dir`` already holds outputs of these stages and neither ``resume`` nor
@@ -90,7 +92,7 @@ def run_pipeline(cfg: TrainConfig, credit: CreditFn, *, resume: bool = False, ov
         _save_config(cfg, run_dir)
         metrics = Metrics(run_dir, cfg.report_to, config=to_dict(cfg))
         try:
-            _run_stages(cfg, plan, rd, make_env, store, metrics, credit, summary, checkpoint, say)
+            _run_stages(cfg, plan, rd, make_env, store, metrics, credit, summary, checkpoint, say, credit_model)
         except BaseException:
             metrics.close()
             raise
@@ -129,7 +131,8 @@ def _say_plan(plan: Plan, resume: bool, say: Callable[[str], None]) -> None:
 
 
 def _run_stages(cfg: TrainConfig, plan: Plan, rd: RunDir, make_env, store, metrics: Metrics, credit: CreditFn,
-                summary: dict[str, Any], checkpoint: str | None, say: Callable[[str], None]) -> None:
+                summary: dict[str, Any], checkpoint: str | None, say: Callable[[str], None],
+                credit_model=None) -> None:
     """Run ``plan.run`` in order, recording each finished stage in the run directory."""
     init = prepare_policy(cfg, make_env) if set(plan.run) - {"eval"} else None
     for stage in plan.run:
@@ -145,8 +148,9 @@ def _run_stages(cfg: TrainConfig, plan: Plan, rd: RunDir, make_env, store, metri
             elif stage == "rl":
                 sft_path = policy_dir(cfg, "sft")
                 start = sft_path if (sft_path / "config.json").exists() else init
+                model = None if credit_model is None else credit_model(cfg, *load_policy(start))
                 train_rl(cfg, make_env, start, store, metrics, credit, resume_from=plan.resume_from,
-                         env_steps_before=summary.get("demo_turns", 0))
+                         env_steps_before=summary.get("demo_turns", 0), credit_model=model)
             else:
                 _final_eval(cfg, make_env, store, summary, say, checkpoint)
         except KeyboardInterrupt:  # Ctrl-C outside RL's iteration boundaries: this stage is redone on --resume

@@ -52,6 +52,7 @@ from arborl.train.common import (
     task_type_of,
 )
 from arborl.train.config import RLConfig, TrainConfig
+from arborl.train.credit_models import CreditContext, CreditModel
 from arborl.train.interrupt import Interrupted, StopRequest
 from arborl.train.loggers import Metrics
 from arborl.train.progress import progress
@@ -135,6 +136,7 @@ class _Learner:
     gen: torch.Generator        # sampling + minibatch order
     task_gen: torch.Generator   # which training tasks
     counters: dict[str, int]
+    credit_model: CreditModel | None = None  # rl.credit's trained model (critic, PRM), if it has one
 
 
 def _learner(cfg: TrainConfig, start_path: Path, resume_from: Path | None, env_steps_before: int) -> tuple[_Learner, int]:
@@ -178,15 +180,21 @@ def train_rl(
     *,
     resume_from: Path | None = None,
     env_steps_before: int = 0,
+    credit_model: CreditModel | None = None,
 ) -> Path:
     """Run ``cfg.rl.iterations`` RL iterations from the policy at ``start_path``; return the final checkpoint.
 
     With ``resume_from`` (an ``rl-*`` checkpoint), continue from the iteration it was written after.
     Ctrl-C stops at the end of the iteration in flight with :class:`Interrupted` after writing a
     checkpoint of it (a second Ctrl-C drops the iteration and keeps the newest checkpoint).
+    ``credit_model`` (arborl.train.credit_models) supplies the estimator's extra inputs and is
+    trained after each update; its state travels in the checkpoints.
     """
     rc = cfg.rl
     lrn, start_it = _learner(cfg, start_path, resume_from, env_steps_before)
+    lrn.credit_model = credit_model
+    if credit_model is not None and resume_from is not None:
+        credit_model.load_state_dict(load_trainer_state(resume_from / "trainer_state.pt")["credit_model"])
     task_type, actions = _env_actions(make_env, cfg)
     shown: dict[str, float] = {}
     try:
@@ -228,7 +236,9 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
     groups = _kept_groups(rc, steps)  # rl.filter: the groups credit and the update see
     pad = lrn.tok.pad_token_id if lrn.tok.pad_token_id is not None else 0
     batch = collate(episodes, pad_id=pad)
-    adv = broadcast(credit_on_groups(credit, steps, groups), batch.step_of_token) * batch.loss_mask
+    ctx = CreditContext(cfg, it, episodes, steps, batch, lrn.model, lrn.tok, store)
+    extra = {} if lrn.credit_model is None else lrn.credit_model.step_inputs(ctx)
+    adv = broadcast(credit_on_groups(credit, steps, groups, **extra), batch.step_of_token) * batch.loss_mask
     keep = (adv.abs() > 1e-8).any(-1) if rc.drop_zero_advantage else torch.ones(len(episodes), dtype=torch.bool)
     keep &= groups[steps.group]
     # loss + update (on the episodes that carry signal)
@@ -242,6 +252,8 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
         ref_logp = None if lrn.ref is None else _ref_logprobs(lrn.ref, kept, rc.minibatch_size,
                                                               cfg.rollout.sampling.logprob_temperature)
         terms = _update(lrn.model, lrn.opt, cfg, kept, adv[rows, : kept.input_ids.shape[1]], ref_logp, lrn.gen)
+    if lrn.credit_model is not None:
+        terms |= lrn.credit_model.fit(ctx)
     # metrics
     n_turns = int(steps.episode.numel())
     lrn.counters["env_steps"] += n_turns
@@ -278,6 +290,7 @@ def _save(cfg: TrainConfig, lrn: _Learner, iteration: int, final: bool = False) 
     save_trainer_state(path / "trainer_state.pt", {
         "optimizer": lrn.opt.state_dict(), "rng": rng_state(lrn.gen), "task_rng": lrn.task_gen.get_state(),
         "iteration": iteration, "counters": dict(lrn.counters),
+        **({} if lrn.credit_model is None else {"credit_model": lrn.credit_model.state_dict()}),
     })
     prune_checkpoints(cfg.run_dir, cfg.rl.checkpoint_keep)
     if final:

@@ -99,3 +99,11 @@ def test_process_matches_its_reference_loop(b, norm, neutral, singleton, gamma, 
     kw = dict(step_scores=scores, weight=0.7, gamma=gamma, norm_by_std=norm, length_neutral=neutral,
               singleton=singleton)
     agree(process(b, **kw), ref.process_reference(b, **kw))
+
+
+def test_float_noise_in_the_scores_is_not_blown_up_into_a_signal():
+    # an implicit PRM equal to its reference: log-ratios of ~1e-8 must not become O(1) advantages
+    b = two_episode_group()
+    noise = torch.tensor([1e-8, -2e-8, 3e-8])
+    assert process_step_advantages(b, noise).abs().max() == 0
+    assert process_step_advantages(b, noise * 1e4).abs().max() > 0.5  # a real spread still counts
