@@ -30,7 +30,6 @@ from torch import Tensor
 from arborl.credit.advantages import _segment_mean_std, dense_ids, discounted_returns, step_group_advantages
 from arborl.credit.estimators import StepBatch, _episode_advantages, _length_weights
 
-
 NOISE_STD = 1e-5
 """Process returns of a group that spread less than this (std) are float noise, not a signal: an implicit
 PRM equal to its reference gives log-ratios of about 1e-7, which the std division would blow up to O(1)."""
