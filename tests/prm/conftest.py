@@ -7,6 +7,7 @@ start state and then part ways.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -69,3 +70,16 @@ def success_gap(scores: torch.Tensor, ctx: CreditContext) -> float:
     """Mean score of the steps of successful episodes minus that of the failed ones."""
     won = torch.tensor([bool(e.success) for e in ctx.episodes])[ctx.steps.episode]
     return float(scores[won].mean() - scores[~won].mean())
+
+
+def with_rl(cfg: TrainConfig, **kw) -> TrainConfig:
+    """``cfg`` with these ``rl`` keys changed."""
+    return dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, **kw))
+
+
+def lake_context(lake, **rl) -> tuple[TrainConfig, CreditContext]:
+    """The config (with ``rl`` overrides) and the iteration context of the stored lake episodes."""
+    cfg, policy, tok, url, episodes = lake
+    cfg = with_rl(cfg, **rl)
+    with open_store(url) as store:
+        return cfg, context(cfg, policy, tok, store, episodes)

@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-from conftest import context, success_gap
+from conftest import context, success_gap, with_rl
 
 from arborl.config import ConfigError
 from arborl.prm.explicit import (
@@ -70,8 +70,7 @@ def test_a_dimension_may_be_a_function_of_your_own_and_a_bad_name_is_refused():
 
 def test_training_changes_the_scorer_and_ranks_successful_paths_higher(lake):
     cfg, policy, tok, url, episodes = lake
-    cfg = cfg.__class__(**{**cfg.__dict__, "rl": cfg.rl.__class__(**{**cfg.rl.__dict__, "prm_lr": 3e-3,
-                                                                        "prm_epochs": 8, "prm_minibatch_size": 8})})
+    cfg = with_rl(cfg, prm_lr=3e-3, prm_epochs=8, prm_minibatch_size=8)
     prm = ExplicitPRM(cfg, policy, tok)
     with open_store(url) as store:
         ctx = context(cfg, policy, tok, store, episodes)

@@ -1,20 +1,15 @@
 """The implicit PRMs: PRIME's per-token reward exactly, what training changes, iStar's DPO loss."""
 
 import copy
-import dataclasses
 
 import pytest
 import torch
-from conftest import context, success_gap
+from conftest import context, lake_context, success_gap, with_rl
 
 from arborl.config import ConfigError
 from arborl.policy import token_logprobs
 from arborl.prm.implicit import ImplicitPRM
 from arborl.store import open_store
-
-
-def with_rl(cfg, **kw):
-    return dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, **kw))
 
 
 def perturbed(prm, seed=0):
@@ -61,11 +56,9 @@ def test_istar_reference_is_the_behaviour_log_probs(lake):
 
 
 def test_a_fresh_prime_model_gives_zero_rewards_and_training_changes_it(lake):
-    cfg, policy, tok, url, episodes = lake
-    cfg = with_rl(cfg, prm_lr=3e-3, prm_epochs=4, prm_minibatch_size=8, prm_beta=0.5)
-    prm = ImplicitPRM(cfg, policy, tok, objective="ce", reference="frozen")
-    with open_store(url) as store:
-        ctx = context(cfg, policy, tok, store, episodes)
+    cfg, ctx = lake_context(lake, prm_lr=3e-3, prm_epochs=4, prm_minibatch_size=8, prm_beta=0.5)
+    policy = ctx.policy
+    prm = ImplicitPRM(cfg, policy, ctx.tok, objective="ce", reference="frozen")
     before = prm.step_inputs(ctx)["step_scores"]
     weights = copy.deepcopy(prm.model.state_dict())
     assert before.abs().max() < 1e-5  # pi_phi = pi_ref
@@ -99,12 +92,9 @@ def test_the_ce_loss_reaches_every_parameter_of_the_reward_model(lake):
 
 
 def test_istar_dpo_loss_decreases_on_a_fixed_pair_set(lake):
-    cfg, policy, tok, url, episodes = lake
-    cfg = with_rl(cfg, prm_lr=1e-3, prm_epochs=1, prm_minibatch_size=64, prm_beta=0.5)
-    prm = ImplicitPRM(cfg, policy, tok, objective="dpo", reference="behaviour")
-    with open_store(url) as store:
-        ctx = context(cfg, policy, tok, store, episodes)
-    rows = torch.arange(len(episodes))
+    cfg, ctx = lake_context(lake, prm_lr=1e-3, prm_epochs=1, prm_minibatch_size=64, prm_beta=0.5)
+    prm = ImplicitPRM(cfg, ctx.policy, ctx.tok, objective="dpo", reference="behaviour")
+    rows = torch.arange(len(ctx.episodes))
     losses, pairs = [], []
     for _ in range(6):
         with torch.no_grad():
