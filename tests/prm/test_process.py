@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arborl.credit import StepBatch, grpo, process, process_step_advantages
+from arborl.credit import StepBatch, credit_on_groups, grpo, process, process_step_advantages
 from arborl.credit import reference as ref
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "credit"))
@@ -107,3 +107,26 @@ def test_float_noise_in_the_scores_is_not_blown_up_into_a_signal():
     noise = torch.tensor([1e-8, -2e-8, 3e-8])
     assert process_step_advantages(b, noise).abs().max() == 0
     assert process_step_advantages(b, noise * 1e4).abs().max() > 0.5  # a real spread still counts
+
+
+def test_a_filter_hands_the_estimator_the_kept_rows_of_the_model_tensors():
+    # groups 0 (episodes 0, 2) and 1 (episode 1); keep group 0 only. [N] tensors follow the steps,
+    # [E] tensors the episodes, and the dropped group's steps get 0
+    b = StepBatch(episode=torch.tensor([0, 1, 2, 0]), step=torch.tensor([0, 0, 0, 1]), reward=torch.zeros(4),
+                  anchor=torch.zeros(4, dtype=torch.long), group=torch.tensor([0, 1, 0]),
+                  score=torch.tensor([1.0, 0.0, 0.0]))
+    seen = {}
+
+    def estimator(sub, *, step_scores, bonus):
+        seen.update(steps=step_scores.tolist(), bonus=bonus.tolist())
+        return step_scores + bonus[sub.episode]
+
+    out = credit_on_groups(estimator, b, torch.tensor([True, False]), step_scores=torch.tensor([0.1, 0.2, 0.3, 0.4]),
+                           bonus=torch.tensor([10.0, 20.0, 30.0]))
+    assert seen == {"steps": pytest.approx([0.1, 0.3, 0.4]), "bonus": [10.0, 30.0]}
+    assert close(out, [10.1, 0.0, 30.3, 10.4])
+    # process under the filter = process on the kept groups alone
+    scores = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    kept = credit_on_groups(process, b, torch.tensor([True, False]), step_scores=scores)
+    sub, rows = b.select_episodes(torch.tensor([True, False, True]))
+    assert torch.equal(kept[rows], process(sub, step_scores=scores[rows])) and kept[1] == 0
