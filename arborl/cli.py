@@ -38,10 +38,12 @@ CREDIT_ESTIMATORS: dict[str, tuple[str, Callable[[RLConfig], dict[str, Any]]]] =
                                    "length_neutral": rl.length_neutral, "singleton": rl.singleton}),
     "best_step": ("best_step", lambda rl: {"gamma": rl.gamma}),
     "prm": ("process", lambda rl: {"weight": rl.prm_weight, "gamma": 0.0, "norm_by_std": rl.norm_by_std,
-                                   "length_neutral": rl.length_neutral, "singleton": rl.singleton}),
+                                   "length_neutral": rl.length_neutral, "singleton": rl.singleton,
+                                   "baseline": rl.prm_baseline}),
     **{name: ("process", lambda rl: {"weight": rl.prm_weight, "gamma": rl.prm_return_gamma,
                                      "norm_by_std": rl.norm_by_std, "length_neutral": rl.length_neutral,
-                                     "singleton": rl.singleton}) for name in ("implicit_prm", "istar")},
+                                     "singleton": rl.singleton, "baseline": rl.prm_baseline})
+       for name in ("implicit_prm", "istar")},
 }
 
 

@@ -17,7 +17,12 @@ step advantages and combines them with the group-relative episode advantage:
   every other step of the group's trajectories. A group with one active step, or whose process
   returns are all equal (a std of at most ``NOISE_STD``), gets ``A^P = 0``; ``norm_by_std = False``
   keeps the raw difference.
-* Inactive steps (a branch's replay of its trunk) get 0 and their scores are ignored.
+* ``baseline = "previous"`` first replaces each score by its difference to the previous step's
+  (:func:`score_deltas`): with scores that estimate ``Q(s_t, a_t)``, the previous score estimates
+  ``V(s_t)``, so the step term rewards actions that improved the prospects rather than steps that
+  happen to sit in good states; ``group`` compares the raw scores across the group.
+* Inactive steps (a branch's replay of its trunk) get 0 and are not compared; a replayed step's
+  score is still the ``previous`` baseline of the step after it.
 
 Nothing here imports env, rollout, policy or train code.
 """
@@ -45,8 +50,35 @@ def _check_scores(batch: StepBatch, step_scores: Tensor | None) -> Tensor:
     return step_scores.detach().to(torch.float32).reshape(-1)
 
 
+BASELINES = ("group", "previous")
+"""What a step's score is compared with: the group's other steps, or first the episode's previous step."""
+
+
+def score_deltas(batch: StepBatch, scores: Tensor) -> Tensor:
+    """``[N]`` ``p_t - p_{t-1}`` within each episode; a first step: ``p_0`` minus its group's mean first-step score.
+
+    With scores that estimate ``Q(s_t, a_t)``, the previous step's score estimates the value of the
+    state the step acted from, so the difference is a temporal-difference advantage; the first
+    step is compared with the other first actions from the group's (shared) start state.
+    """
+    n, e, s = batch.episode.numel(), batch.episode, batch.step
+    if not n:
+        return scores
+    width = int(s.max()) + 1
+    row_of = torch.full((batch.group.numel() * width,), -1, dtype=torch.long)
+    row_of[e * width + s] = torch.arange(n)
+    prev = torch.where(s > 0, row_of[(e * width + s - 1).clamp_min(0)], -1)
+    group = batch.group[e]
+    first = (s == 0) & batch.step_active()
+    n_groups = int(batch.group.max()) + 1
+    total = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group[first], scores[first].to(torch.float64))
+    count = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group[first], torch.ones_like(total[group[first]]))
+    start = (total / count.clamp_min(1)).to(scores.dtype)
+    return scores - torch.where(prev >= 0, scores[prev.clamp_min(0)], start[group])
+
+
 def process_step_advantages(batch: StepBatch, step_scores: Tensor, *, gamma: float = 0.0, norm_by_std: bool = True,
-                            eps: float = 1e-6, tol: float = NOISE_STD) -> Tensor:
+                            eps: float = 1e-6, tol: float = NOISE_STD, baseline: str = "group") -> Tensor:
     """``[N]`` the step term ``A^P``: process returns-to-go normalised within each episode group.
 
     Args:
@@ -56,12 +88,16 @@ def process_step_advantages(batch: StepBatch, step_scores: Tensor, *, gamma: flo
         norm_by_std: Divide by the group's std of process returns (False: subtract the mean only).
         eps: Added to the std.
         tol: A group whose process returns have a std of at most this has no spread (gets 0).
+        baseline: ``group`` (each score as it is) or ``previous`` (:func:`score_deltas` first).
 
     Returns:
         ``[N]`` float32; 0 for inactive steps and for groups without spread.
     """
+    if baseline not in BASELINES:
+        raise ValueError(f"baseline = {baseline!r} is unknown; choose one of {list(BASELINES)}")
     active = batch.step_active()
-    scores = _check_scores(batch, step_scores) * active
+    scores = _check_scores(batch, step_scores)
+    scores = (score_deltas(batch, scores) if baseline == "previous" else scores) * active
     returns = discounted_returns(scores, batch.episode, batch.step, gamma=gamma)
     key = torch.where(active, torch.zeros_like(batch.episode), -1 - torch.arange(active.numel()))
     groups = dense_ids(batch.group[batch.episode], key) if active.numel() else batch.episode
@@ -72,7 +108,7 @@ def process_step_advantages(batch: StepBatch, step_scores: Tensor, *, gamma: flo
 
 def process(batch: StepBatch, *, step_scores: Tensor | None = None, weight: float = 1.0, gamma: float = 0.0,
             norm_by_std: bool = True, eps: float = 1e-6, length_neutral: bool = False,
-            singleton: str = "raw") -> Tensor:
+            singleton: str = "raw", baseline: str = "group") -> Tensor:
     """Episode advantage plus weighted process-reward step advantage: ``A = A^E + w * A^P``.
 
     Args:
@@ -84,12 +120,13 @@ def process(batch: StepBatch, *, step_scores: Tensor | None = None, weight: floa
         eps: Added to the stds.
         length_neutral: Scale each step by ``mean_turns / turns_of_its_episode``.
         singleton: What a lone episode gets at the episode level (``raw``: ``A^E = R``; ``zero``: 0).
+        baseline: ``group`` or ``previous`` (score differences along the episode; :func:`score_deltas`).
 
     Returns:
         ``[N]`` float32 step advantages.
     """
     scores = _check_scores(batch, step_scores)
     a_ep = _episode_advantages(batch, norm_by_std=norm_by_std, eps=eps, singleton=singleton)[batch.episode]
-    a_step = process_step_advantages(batch, scores, gamma=gamma, norm_by_std=norm_by_std, eps=eps)
+    a_step = process_step_advantages(batch, scores, gamma=gamma, norm_by_std=norm_by_std, eps=eps, baseline=baseline)
     adv = (a_ep + weight * a_step) * batch.step_active()
     return adv * _length_weights(batch) if length_neutral else adv

@@ -183,6 +183,10 @@ class RLConfig:
     prm_return_gamma: float = 1.0
     """implicit_prm / istar: discount of the process return-to-go summed over later turns (1: PRIME's
     reverse cumulative sum). ``prm`` uses 0: its scores already estimate the outcome from the step on."""
+    prm_baseline: Literal["group", "previous"] = "group"
+    """Process rewards: compare each step's score with the group's other steps (``group``), or first take
+    its difference to the episode's previous step's score (``previous``: with an explicit PRM's
+    Q(s, a) estimates, a temporal-difference advantage; see docs/credit.md §8.1)."""
     prm_pair_agg: Literal["mean", "sum"] = "mean"
     """istar: a trajectory's implicit reward in the DPO loss is the mean (iStar's code) or the sum (its
     paper) over its turns of beta * sum of log-ratios."""

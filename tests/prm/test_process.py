@@ -89,15 +89,25 @@ def test_missing_or_misshapen_scores_are_refused_with_the_fix():
         process(b, step_scores=torch.zeros(2))
 
 
+def test_previous_baseline_by_hand():
+    # deltas: ep0 step0 0.2 - mean(first steps 0.2, 0.4) = -0.1, ep1 step0 0.4 - 0.3 = +0.1, ep0 step1 0.8 - 0.2 = 0.6
+    # then mean-normalised within the group (mean 0.2): -0.3, -0.1, +0.4
+    b = two_episode_group()
+    a_p = process_step_advantages(b, SCORES, norm_by_std=False, baseline="previous")
+    assert close(a_p, [-0.3, -0.1, 0.4])
+    with pytest.raises(ValueError, match="baseline"):
+        process_step_advantages(b, SCORES, baseline="median")
+
+
 @settings(max_examples=150, deadline=None)
 @given(step_batches(), st.booleans(), st.booleans(), st.sampled_from(["raw", "zero"]), st.sampled_from([0.0, 0.9, 1.0]),
-       st.data())
-def test_process_matches_its_reference_loop(b, norm, neutral, singleton, gamma, data):
+       st.sampled_from(["group", "previous"]), st.data())
+def test_process_matches_its_reference_loop(b, norm, neutral, singleton, gamma, baseline, data):
     n = b.episode.numel()
     scores = torch.tensor(data.draw(st.lists(st.integers(-100, 100).map(lambda v: v / 50), min_size=n, max_size=n)),
                           dtype=torch.float32)
     kw = dict(step_scores=scores, weight=0.7, gamma=gamma, norm_by_std=norm, length_neutral=neutral,
-              singleton=singleton)
+              singleton=singleton, baseline=baseline)
     agree(process(b, **kw), ref.process_reference(b, **kw))
 
 
