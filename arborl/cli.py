@@ -39,25 +39,34 @@ CREDIT_ESTIMATORS: dict[str, tuple[str, Callable[[RLConfig], dict[str, Any]]]] =
     "best_step": ("best_step", lambda rl: {"gamma": rl.gamma}),
     "turn_ppo": ("turn_gae", lambda rl: {"gamma": rl.gamma, "lam": rl.gae_lambda, "whiten": rl.whiten_advantages}),
     "archer": ("archer", lambda rl: {}),
+    "prm": ("process", lambda rl: {"weight": rl.prm_weight, "gamma": 0.0, "norm_by_std": rl.norm_by_std,
+                                   "length_neutral": rl.length_neutral, "singleton": rl.singleton,
+                                   "baseline": rl.prm_baseline}),
+    **{name: ("process", lambda rl: {"weight": rl.prm_weight, "gamma": rl.prm_return_gamma,
+                                     "norm_by_std": rl.norm_by_std, "length_neutral": rl.length_neutral,
+                                     "singleton": rl.singleton, "baseline": rl.prm_baseline})
+       for name in ("implicit_prm", "istar")},
 }
 
 
-
-def _model(path: str) -> Callable[..., Any]:
-    """A builder that imports ``module:function`` when called (``--help`` imports no torch)."""
+def _lazy_model(path: str, **options: Any) -> Callable[..., Any]:
+    """A credit-model factory that imports ``module:Class`` when called (so ``--help`` stays fast)."""
     def build(cfg, policy, tok):
         import importlib
 
-        module, name = path.split(":")
-        return getattr(importlib.import_module(module), name)(cfg, policy, tok)
+        module, _, name = path.partition(":")
+        return getattr(importlib.import_module(module), name)(cfg, policy, tok, **options)
     return build
 
 
-# rl.credit names whose estimator needs a trained model (arborl.train.credit_models): the builder
-# (TrainConfig, policy, tokenizer) -> CreditModel. The pipeline builds it and hands it to RL.
+# rl.credit names whose estimator needs a trained model, and its factory ``(cfg, policy, tok) ->
+# CreditModel`` (arborl.train.credit_models), called with the start policy of RL.
 CREDIT_MODELS: dict[str, Callable[..., Any]] = {
-    "turn_ppo": _model("arborl.critics.turn_ppo:build_turn_critic"),
-    "archer": _model("arborl.critics.archer:build_archer_critic"),
+    "turn_ppo": _lazy_model("arborl.critics.turn_ppo:build_turn_critic"),
+    "archer": _lazy_model("arborl.critics.archer:build_archer_critic"),
+    "prm": _lazy_model("arborl.prm.explicit:ExplicitPRM"),
+    "implicit_prm": _lazy_model("arborl.prm.implicit:ImplicitPRM", objective="ce", reference="frozen"),
+    "istar": _lazy_model("arborl.prm.implicit:ImplicitPRM", objective="dpo", reference="behaviour"),
 }
 
 ERROR_TYPES = (
@@ -87,7 +96,7 @@ def credit_from_config(rl: RLConfig) -> Callable[..., Any]:
 
 
 def credit_model_from_config(rl: RLConfig) -> Callable[..., Any] | None:
-    """The builder of ``rl.credit``'s credit model, or None when the estimator needs none."""
+    """``(cfg, policy, tok) -> CreditModel`` for an ``rl.credit`` that trains a model; None for the others."""
     return CREDIT_MODELS.get(rl.credit)
 
 

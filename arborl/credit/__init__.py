@@ -28,6 +28,7 @@ from arborl.credit.filters import (
     starpo_s_groups_reference,
 )
 from arborl.credit.gae import archer, turn_gae, turn_gae_returns, whiten_by_episode
+from arborl.credit.process import process, process_step_advantages
 
 __all__ = [
     "SINGLETON_RULES",
@@ -44,6 +45,8 @@ __all__ = [
     "grpo",
     "grpo_advantages",
     "grpo_advantages_reference",
+    "process",
+    "process_step_advantages",
     "group_score_std",
     "rloo",
     "rloo_advantages",

@@ -14,6 +14,7 @@ from arborl.credit.advantages import (
     step_group_advantages_reference,
 )
 from arborl.credit.estimators import StepBatch
+from arborl.credit.process import NOISE_STD
 
 
 def _flags(mask, size: int) -> list[bool]:
@@ -152,3 +153,50 @@ def archer_reference(batch: StepBatch, *, q_values, values, whiten: bool = False
     if whiten:
         return _whiten_by_episode_reference(adv, batch, eps)
     return [a * ok for a, ok in zip(adv, _flags(batch.active, len(adv)), strict=True)]
+def process_reference(batch: StepBatch, *, step_scores, weight: float = 1.0, gamma: float = 0.0,
+                      norm_by_std: bool = True, eps: float = 1e-6, length_neutral: bool = False,
+                      singleton: str = "raw", baseline: str = "group") -> list[float]:
+    """Slow loop version of :func:`arborl.credit.process.process`."""
+    ep = _episode_reference(batch, baseline="mean", norm_by_std=norm_by_std, eps=eps, singleton=singleton)
+    active = _flags(batch.active, batch.episode.numel())
+    episode, step = batch.episode.tolist(), batch.step.tolist()
+    raw = step_scores.tolist()
+    if baseline == "previous":
+        raw = _deltas_reference(batch, raw, active)
+    scores = [s if a else 0.0 for s, a in zip(raw, active, strict=True)]
+    to_go = [0.0] * len(scores)
+    for i in range(len(scores)):  # sum over the same episode's later steps, one row at a time
+        to_go[i] = sum(gamma ** (step[j] - step[i]) * scores[j] for j in range(len(scores))
+                       if episode[j] == episode[i] and step[j] >= step[i])
+    group = batch.group.tolist()
+    keys = [(group[e],) if a else ("inactive", i) for i, (e, a) in enumerate(zip(episode, active, strict=True))]
+    a_step = step_group_advantages_reference(to_go, keys, norm_by_std=norm_by_std, eps=eps)
+    members: dict[tuple, list[float]] = {}
+    for k, g in zip(keys, to_go, strict=True):
+        members.setdefault(k, []).append(g)
+    for i, k in enumerate(keys):  # a group without spread beyond float noise gets no step term
+        vals = members[k]
+        mean = sum(vals) / len(vals)
+        if len(vals) < 2 or (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 <= NOISE_STD:
+            a_step[i] = 0.0
+    combined = [ep[e] + weight * s for e, s in zip(episode, a_step, strict=True)]
+    weights = _length_weights_reference(batch) if length_neutral else [1.0] * len(combined)
+    return [c * a * w for c, a, w in zip(combined, active, weights, strict=True)]
+
+
+def _deltas_reference(batch: StepBatch, scores: list[float], active: list[bool]) -> list[float]:
+    """Each score minus its episode's previous step's score (a first step: minus its group's mean first score)."""
+    episode, step, group = batch.episode.tolist(), batch.step.tolist(), batch.group.tolist()
+    at = {(e, k): i for i, (e, k) in enumerate(zip(episode, step, strict=True))}
+    firsts: dict[int, list[float]] = {}
+    for i, (e, k) in enumerate(zip(episode, step, strict=True)):
+        if k == 0 and active[i]:
+            firsts.setdefault(group[e], []).append(scores[i])
+    out = []
+    for i, (e, k) in enumerate(zip(episode, step, strict=True)):
+        if k > 0:
+            out.append(scores[i] - scores[at[(e, k - 1)]])
+        else:
+            vals = firsts.get(group[e], [])
+            out.append(scores[i] - (sum(vals) / len(vals) if vals else 0.0))
+    return out

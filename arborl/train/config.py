@@ -137,11 +137,15 @@ class RLConfig:
     non-negative; ``abs`` = |log-ratio|); see ``arborl.loss.kl_estimate``."""
     entropy_coef: float = 0.0
     """Weight of the token-entropy bonus (subtracted from the loss; 0 disables it)."""
-    credit: Literal["grpo", "rloo", "dr_grpo", "gigpo", "best_step", "turn_ppo", "archer"] = "gigpo"
+    credit: Literal["grpo", "rloo", "dr_grpo", "gigpo", "best_step", "turn_ppo", "archer", "prm", "implicit_prm",
+                    "istar"] = "gigpo"
     """Credit estimator (see arborl.credit and docs/credit.md): ``grpo`` (group mean and std), ``rloo``
     (leave-one-out mean), ``dr_grpo`` (group mean only: ignores ``norm_by_std`` and ``length_neutral``),
     ``gigpo`` (episode + anchor-state step advantage), ``best_step`` (best return of each state), ``turn_ppo``
-    (turn-level GAE on a learned critic V), ``archer`` (Q - V of an off-policy turn-level critic)."""
+    (turn-level GAE on a learned critic V), ``archer`` (Q - V of an off-policy turn-level critic);
+    process rewards (arborl.prm; A = A^E + prm_weight * A^P): ``prm`` (explicit step scorer trained on
+    Monte-Carlo targets, AgentPRM), ``implicit_prm`` (PRIME: beta * log-ratio of a model trained with
+    cross-entropy on outcomes), ``istar`` (the same reward, model trained by trajectory DPO)."""
     singleton: Literal["raw", "zero"] = "raw"
     """What an episode with no peer in its group gets (grpo, rloo, dr_grpo, and gigpo's episode term):
     ``raw`` its score itself (A = R, verl's rule), ``zero`` nothing (no baseline, no signal)."""
@@ -179,6 +183,36 @@ class RLConfig:
     """archer: the replay buffer holds the turns of the last N iterations (read back from the store)."""
     step_weight: float = 1.0
     """Weight w of the step advantage in A = A^E + w A^S (GiGPO)."""
+    prm_weight: float = 1.0
+    """Process rewards: weight w of the step term in A = A^E + w A^P (0: plain GRPO)."""
+    prm_beta: float = 0.05
+    """implicit_prm / istar: beta of the implicit reward beta * (log pi_phi - log pi_ref) (PRIME, iStar: 0.05)."""
+    prm_lr: float = 1e-4
+    """Process reward models: learning rate of their own AdamW optimizer."""
+    prm_epochs: int = 1
+    """Process reward models: passes over their training data after each policy update."""
+    prm_minibatch_size: int = 32
+    """Process reward models: episodes per optimizer step of the reward model."""
+    prm_window: int = 4
+    """prm: Monte-Carlo targets come from the ``rl`` episodes of the last N iterations, read from the store."""
+    prm_buffer: int = 512
+    """prm: at most this many episodes (the newest) from the store per fit."""
+    prm_target_gamma: float = 0.95
+    """prm: discount of the Monte-Carlo target, gamma^(steps to the end) * outcome (AgentPRM: 0.95)."""
+    prm_dimensions: list[str] = field(default_factory=lambda: ["progress"])
+    """prm: the named dimensions the scorer rates, each a separate named step reward whose target is a
+    function of the stored turn (arborl.prm.explicit.DIMENSIONS: progress, tool_choice, query_quality,
+    use_of_information; or ``package.module:function``). The step score is their mean."""
+    prm_return_gamma: float = 1.0
+    """implicit_prm / istar: discount of the process return-to-go summed over later turns (1: PRIME's
+    reverse cumulative sum). ``prm`` uses 0: its scores already estimate the outcome from the step on."""
+    prm_baseline: Literal["group", "previous"] = "group"
+    """Process rewards: compare each step's score with the group's other steps (``group``), or first take
+    its difference to the episode's previous step's score (``previous``: with an explicit PRM's
+    Q(s, a) estimates, a temporal-difference advantage; see docs/credit.md §8.1)."""
+    prm_pair_agg: Literal["mean", "sum"] = "mean"
+    """istar: a trajectory's implicit reward in the DPO loss is the mean (iStar's code) or the sum (its
+    paper) over its turns of beta * sum of log-ratios."""
     norm_by_std: bool = True
     """Divide group-relative advantages by the group's standard deviation (grpo, gigpo); false keeps the
     raw difference from the group mean. ``rloo`` and ``dr_grpo`` never divide."""
@@ -236,6 +270,12 @@ class RLConfig:
                 raise ValueError(f"rl.{name} must be > 0, got {getattr(self, name)!r}")
         if self.critic_warmup < 0 or self.value_clip < 0:
             raise ValueError("rl.critic_warmup and rl.value_clip must be >= 0")
+        _check_positive(self, "prm_lr", "prm_epochs", "prm_minibatch_size", "prm_window", "prm_buffer", "prm_beta")
+        for name in ("prm_target_gamma", "prm_return_gamma"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"rl.{name} is {getattr(self, name)}; use a discount in [0, 1]")
+        if not self.prm_dimensions:
+            raise ValueError("rl.prm_dimensions is empty; name at least one dimension, e.g. [\"progress\"]")
         if not 0 < self.keep_ratio <= 1:
             raise ValueError(f"rl.keep_ratio is {self.keep_ratio}; keep a fraction of the groups in (0, 1]")
         if self.credit == "dr_grpo" and self.loss_agg == "seq-mean-token-mean":

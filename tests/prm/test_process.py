@@ -1,0 +1,142 @@
+"""The process-reward estimator: hand-computed vectors, edge cases, and vectorised == reference loop."""
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from arborl.credit import StepBatch, credit_on_groups, grpo, process, process_step_advantages
+from arborl.credit import reference as ref
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "credit"))
+from test_menu import agree, step_batches  # noqa: E402
+
+
+def two_episode_group(**kw):
+    # one group: episode 0 (2 steps, succeeded), episode 1 (1 step, failed); rows interleaved
+    return StepBatch(episode=torch.tensor([0, 1, 0]), step=torch.tensor([0, 0, 1]), reward=torch.zeros(3),
+                     anchor=torch.tensor([0, 0, 1]), group=torch.tensor([0, 0]), score=torch.tensor([1.0, 0.0]), **kw)
+
+
+SCORES = torch.tensor([0.2, 0.4, 0.8])  # rows: ep0 step0, ep1 step0, ep0 step1
+
+
+def close(a, b, tol=1e-5):
+    return torch.allclose(a, torch.tensor(b, dtype=torch.float32), atol=tol)
+
+
+def test_mean_norm_gamma_0_adds_each_score_minus_the_group_mean():
+    # A^E = R - mean = +0.5 / -0.5 ; A^P = p - mean(0.2, 0.4, 0.8) = p - 0.4667
+    b = two_episode_group()
+    a = process(b, step_scores=SCORES, weight=1.0, gamma=0.0, norm_by_std=False)
+    assert close(a, [0.5 - 0.26667, -0.5 - 0.06667, 0.5 + 0.33333])
+
+
+def test_gamma_1_uses_the_process_return_to_go():
+    # to-go: ep0 step0 = 0.2 + 0.8 = 1.0, ep0 step1 = 0.8, ep1 step0 = 0.4 ; mean 0.7333
+    b = two_episode_group()
+    a_p = process_step_advantages(b, SCORES, gamma=1.0, norm_by_std=False)
+    assert close(a_p, [0.26667, -0.33333, 0.06667])
+
+
+def test_std_normalised_and_weighted():
+    # A^E = +-(0.5 / 0.70711) ; A^P = (p - 0.46667) / 0.30551 ; w = 0.5
+    b = two_episode_group()
+    a = process(b, step_scores=SCORES, weight=0.5, gamma=0.0, norm_by_std=True)
+    ae, sd = 0.5 / math.sqrt(0.5), math.sqrt(((0.2 - 0.46667) ** 2 + (0.4 - 0.46667) ** 2 + (0.8 - 0.46667) ** 2) / 2)
+    assert close(a, [ae + 0.5 * (0.2 - 0.46667) / sd, -ae + 0.5 * (0.4 - 0.46667) / sd, ae + 0.5 * (0.8 - 0.46667) / sd],
+                 tol=1e-4)
+
+
+def test_weight_zero_is_grpo():
+    b = two_episode_group()
+    assert torch.equal(process(b, step_scores=SCORES, weight=0.0), grpo(b))
+
+
+def test_all_failed_group_still_gets_step_credit_from_the_process_scores():
+    # outcome term 0 (std 0) but the PRM tells the steps apart
+    b = StepBatch(episode=torch.tensor([0, 1]), step=torch.tensor([0, 0]), reward=torch.zeros(2),
+                  anchor=torch.tensor([0, 0]), group=torch.tensor([0, 0]), score=torch.tensor([0.0, 0.0]))
+    assert close(process(b, step_scores=torch.tensor([0.1, 0.3]), norm_by_std=False), [-0.1, 0.1])
+
+
+def test_equal_scores_and_a_lone_step_give_no_step_term():
+    b = two_episode_group()
+    assert process_step_advantages(b, torch.full((3,), 0.7)).abs().max() == 0
+    lone = StepBatch(episode=torch.tensor([0]), step=torch.tensor([0]), reward=torch.zeros(1), anchor=torch.tensor([0]),
+                     group=torch.tensor([0]), score=torch.tensor([1.0]))
+    # a singleton episode: A^E = R under "raw", 0 under "zero"; its lone step has no peer: A^P = 0
+    assert close(process(lone, step_scores=torch.tensor([0.9]), norm_by_std=False), [1.0])
+    assert close(process(lone, step_scores=torch.tensor([0.9]), singleton="zero"), [0.0])
+
+
+def test_inactive_steps_get_nothing_and_their_scores_do_not_count():
+    b = two_episode_group(active=torch.tensor([True, True, False]))
+    # the active steps are 0.2 and 0.4 (the inactive 0.8 is ignored): mean 0.3
+    a_p = process_step_advantages(b, torch.tensor([0.2, 0.4, 100.0]), norm_by_std=False)
+    assert close(a_p, [-0.1, 0.1, 0.0])
+
+
+def test_missing_or_misshapen_scores_are_refused_with_the_fix():
+    b = two_episode_group()
+    with pytest.raises(ValueError, match="rl.credit"):
+        process(b)
+    with pytest.raises(ValueError, match="expected 3"):
+        process(b, step_scores=torch.zeros(2))
+
+
+def test_previous_baseline_by_hand():
+    # deltas: ep0 step0 0.2 - mean(first steps 0.2, 0.4) = -0.1, ep1 step0 0.4 - 0.3 = +0.1, ep0 step1 0.8 - 0.2 = 0.6
+    # then mean-normalised within the group (mean 0.2): -0.3, -0.1, +0.4
+    b = two_episode_group()
+    a_p = process_step_advantages(b, SCORES, norm_by_std=False, baseline="previous")
+    assert close(a_p, [-0.3, -0.1, 0.4])
+    with pytest.raises(ValueError, match="baseline"):
+        process_step_advantages(b, SCORES, baseline="median")
+
+
+@settings(max_examples=150, deadline=None)
+@given(step_batches(), st.booleans(), st.booleans(), st.sampled_from(["raw", "zero"]), st.sampled_from([0.0, 0.9, 1.0]),
+       st.sampled_from(["group", "previous"]), st.data())
+def test_process_matches_its_reference_loop(b, norm, neutral, singleton, gamma, baseline, data):
+    n = b.episode.numel()
+    scores = torch.tensor(data.draw(st.lists(st.integers(-100, 100).map(lambda v: v / 50), min_size=n, max_size=n)),
+                          dtype=torch.float32)
+    kw = dict(step_scores=scores, weight=0.7, gamma=gamma, norm_by_std=norm, length_neutral=neutral,
+              singleton=singleton, baseline=baseline)
+    agree(process(b, **kw), ref.process_reference(b, **kw))
+
+
+def test_float_noise_in_the_scores_is_not_blown_up_into_a_signal():
+    # an implicit PRM equal to its reference: log-ratios of ~1e-8 must not become O(1) advantages
+    b = two_episode_group()
+    noise = torch.tensor([1e-8, -2e-8, 3e-8])
+    assert process_step_advantages(b, noise).abs().max() == 0
+    assert process_step_advantages(b, noise * 1e4).abs().max() > 0.5  # a real spread still counts
+
+
+def test_a_filter_hands_the_estimator_the_kept_rows_of_the_model_tensors():
+    # groups 0 (episodes 0, 2) and 1 (episode 1); keep group 0 only. [N] tensors follow the steps,
+    # [E] tensors the episodes, and the dropped group's steps get 0
+    b = StepBatch(episode=torch.tensor([0, 1, 2, 0]), step=torch.tensor([0, 0, 0, 1]), reward=torch.zeros(4),
+                  anchor=torch.zeros(4, dtype=torch.long), group=torch.tensor([0, 1, 0]),
+                  score=torch.tensor([1.0, 0.0, 0.0]))
+    seen = {}
+
+    def estimator(sub, *, step_scores, bonus):
+        seen.update(steps=step_scores.tolist(), bonus=bonus.tolist())
+        return step_scores + bonus[sub.episode]
+
+    out = credit_on_groups(estimator, b, torch.tensor([True, False]), step_scores=torch.tensor([0.1, 0.2, 0.3, 0.4]),
+                           bonus=torch.tensor([10.0, 20.0, 30.0]))
+    assert seen == {"steps": pytest.approx([0.1, 0.3, 0.4]), "bonus": [10.0, 30.0]}
+    assert close(out, [10.1, 0.0, 30.3, 10.4])
+    # process under the filter = process on the kept groups alone
+    scores = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    kept = credit_on_groups(process, b, torch.tensor([True, False]), step_scores=scores)
+    sub, rows = b.select_episodes(torch.tensor([True, False, True]))
+    assert torch.equal(kept[rows], process(sub, step_scores=scores[rows])) and kept[1] == 0
