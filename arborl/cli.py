@@ -42,7 +42,6 @@ CREDIT_ESTIMATORS: dict[str, tuple[str, Callable[[RLConfig], dict[str, Any]]]] =
 }
 
 
-
 def _model(path: str) -> Callable[..., Any]:
     """A builder that imports ``module:function`` when called (``--help`` imports no torch)."""
     def build(cfg, policy, tok):
