@@ -170,7 +170,8 @@ class RLConfig:
     critic_lr: float = 1e-3
     """Learning rate of the critic's AdamW (turn_ppo, archer); Turn-PPO trains its critic faster than the actor."""
     critic_warmup: int = 0
-    """turn_ppo, archer: for the first N iterations only the critic trains; the policy is not updated."""
+    """For the first N iterations only the credit model (turn_ppo's or archer's critic) trains; the policy is
+    not updated (with an estimator that has no model, nothing trains)."""
     critic_epochs: int = 4
     """turn_ppo: passes over the iteration's episodes per fit; archer: critic gradient steps per iteration."""
     critic_minibatch: int = 32
