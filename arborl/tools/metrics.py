@@ -6,6 +6,11 @@ them over a batch of episodes into flat metric names:
 
 * ``tools/<name>/calls``, ``tools/<name>/errors``, ``tools/<name>/timeouts``: totals per tool;
 * ``tools/calls_per_episode``: all calls divided by the number of episodes.
+
+:func:`episode_metrics` averages what a tool env reports when an episode ends
+(``info["metrics"]`` of the last turn, see ``ToolEnv(metrics=...)``): each name's mean over the
+episodes that report it, and ``<name>_n``, how many did. The evaluation adds them to its result
+(``summary.json``, probe rows) and RL rows carry them as ``train/<name>``.
 """
 
 from __future__ import annotations
@@ -35,4 +40,28 @@ def tool_metrics(episodes: Iterable[Episode]) -> dict[str, float]:
     out = {f"tools/{name}/{kind}": float(c[kind]) for name, c in sorted(totals.items()) for kind in _KINDS}
     calls = sum(c["calls"] for c in totals.values())
     out["tools/calls_per_episode"] = calls / n_episodes if n_episodes else 0.0
+    return out
+
+
+def episode_metrics(episodes: Iterable[Episode]) -> dict[str, float]:
+    """Per name of the episodes' end-of-episode ``info["metrics"]``: the mean and ``<name>_n``.
+
+    The mean is over the episodes reporting the name (one some episodes leave out, e.g. a
+    2-hop-only metric, is averaged over the others); ``<name>_n`` is their number.
+    """
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for ep in episodes:
+        last = ep.path()[-1] if ep.turns else None
+        values = last.info.get("metrics") if last is not None else None
+        if not isinstance(values, dict):
+            continue
+        for name, value in values.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                sums[name] = sums.get(name, 0.0) + float(value)
+                counts[name] = counts.get(name, 0) + 1
+    out: dict[str, float] = {}
+    for name in sorted(sums):
+        out[name] = sums[name] / counts[name]
+        out[f"{name}_n"] = float(counts[name])
     return out

@@ -43,7 +43,7 @@ from arborl.loss import ppo_clip_loss
 from arborl.policy import ChatRenderer, load_policy, save_policy, token_logprobs, token_logprobs_and_entropy
 from arborl.rollout import ModelPolicy, RolloutConfig, run_episodes
 from arborl.rollout.branch import branch_specs
-from arborl.tools.metrics import tool_metrics
+from arborl.tools.metrics import episode_metrics, tool_metrics
 from arborl.train.batch import TokenBatch, broadcast, collate, failed, length_chunks, step_batch
 from arborl.train.common import (
     load_trainer_state,
@@ -266,6 +266,7 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
         "train/env_errors": sum(e.stop_reason == "env_error" for e in episodes),
         "train/max_context": sum(e.stop_reason == "max_context" for e in episodes),
         **tool_metrics(episodes[:n_sampled]),
+        **{f"train/{k}": v for k, v in episode_metrics(episodes[:n_sampled]).items()},
     }
     if rc.eval_every and ((it + 1) % rc.eval_every == 0 or it + 1 == rc.iterations):
         row.update(evaluate(cfg, make_env, lrn.model, lrn.tok, n=cfg.eval.probe_episodes, label="probe",
