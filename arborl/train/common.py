@@ -52,6 +52,8 @@ METRICS = {
                          "(stop_reason max_context; handled by rl.error_policy like env errors)",
     "tools/calls_per_episode": "tool calls per group-rollout episode of this iteration (0 for envs without tools); "
                                "tool envs also log tools/<name>/{calls,errors,timeouts} (arborl.tools.metrics)",
+    "tools/time_share": "share of this iteration's rollout time spent in tool calls: sum of tool latencies over "
+                        "sum of (generate + env) seconds of every turn (0 without tools)",
     "tokens": "model-generated tokens trained on in RL so far (of the episodes the updates used)",
 }
 """Every metric name written to metrics.jsonl (and to the ``report_to`` loggers), with its meaning.
