@@ -35,6 +35,7 @@ off for a pretrained model and its own tokenizer.
 from __future__ import annotations
 
 import functools
+import json
 import sys
 from pathlib import Path
 
@@ -133,7 +134,11 @@ class _SearchTask:
     def expert(self, env: ToolEnv) -> str:
         assert env.task is not None
         actions = oracle_actions(env.task.metadata["question"], think=False)
-        return self.text(actions[min(env.steps, len(actions) - 1)])
+        action = actions[min(env.steps, len(actions) - 1)]
+        if env.call_format.name == "hermes" and action.startswith("<search>"):  # the same call as a JSON tool call
+            query = action.removeprefix("<search>").removesuffix("</search>")
+            action = f'<tool_call>{json.dumps({"name": "search", "arguments": {"query": query}})}</tool_call>'
+        return self.text(action)
 
 
 def search_r1_env(

@@ -23,7 +23,7 @@ def test_search_r1_recipe_runs_end_to_end_and_reports_em_searches_and_two_hop_us
     args = [sys.executable, "-m", "arborl.cli", "train", "examples/search_r1.toml", "--set", f'run_dir="{run}"']
     for kv in TINY:
         args += ["--set", kv]
-    p = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=900,
+    p = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=1800,
                        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "ARBORL_PROGRESS": "0", "HOME": "/tmp"})
     assert p.returncode == 0, p.stdout + p.stderr
     assert "arborl: retriever serving 10060 passages (bm25) at http://127.0.0.1:" in p.stderr

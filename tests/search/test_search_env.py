@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import urllib.error
 import urllib.request
@@ -81,6 +82,18 @@ def test_oracle_answers_every_question_and_metrics_are_hand_checkable(data, env_
     assert steps[-1][1].info["metrics"] == {"em": 1.0, "f1": 1.0, "searches": 2.0, "two_hop_used_first": 1.0}
     # every held-out question, by the oracle: exact match 1 (BM25 ranks the supporting passage first)
     assert all(_play(env, START + i)[-1][1].reward == 1.0 for i in range(0, len(test), 7))
+
+
+def test_the_hermes_format_gets_the_same_oracle_calls_as_json_tool_calls(data, env_kw):
+    _, _, test = data
+    env = search_r1_env(**env_kw, tool_format="hermes")
+    two = next(i for i, q in enumerate(test) if q.hops == 2)
+    steps = _play(env, START + two)
+    call = {"name": "search", "arguments": {"query": test[two].oracle_queries[0]}}
+    assert steps[0][0] == f"<tool_call>{json.dumps(call)}</tool_call>"
+    assert steps[0][1].obs.startswith("<tool_response>\nDoc 1(Title: ")
+    assert steps[-1][1].reward == 1.0 and steps[-1][1].info["metrics"]["two_hop_used_first"] == 1.0
+    check_env(env)
 
 
 def test_wrong_answers_f1_format_reward_and_a_second_query_that_ignores_the_first_result(data, env_kw):
