@@ -34,7 +34,9 @@ def test_search_r1_recipe_runs_end_to_end_and_reports_em_searches_and_two_hop_us
         assert ev["searches_n"] == 6 and 0 < ev["two_hop_used_first_n"] <= 6 and 0 <= ev["two_hop_used_first"] <= 1
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in rows if r["stage"] == "rl"]
-    assert len(rl) == 2 and all(r["tools/search/calls"] >= 0 and "train/env_errors" in r for r in rl)
+    # an untrained policy may make no valid call in an iteration: tools/search/* then are absent from its row
+    assert len(rl) == 2 and all({"tools/calls_per_episode", "tools/time_share", "train/env_errors",
+                                 "train/max_context", "train/em", "train/searches"} <= set(r) for r in rl)
     env_keys = {f"{prefix}{m}{suffix}" for prefix in ("", "train/") for m in ENV_METRICS for suffix in ("", "_n")}
     tool_keys = {f"tools/search/{k}" for k in ("calls", "errors", "timeouts")}
     logged = {k for r in rows for k in r}
