@@ -94,17 +94,24 @@ class ToolEnv:
         instructions: ``"system"``: the format's instructions are the system message;
             ``"user"``: they open the first user message (for templates without a system role).
         system_prompt: Text put before the instructions.
+        format_instructions: Replaces the call format's own instructions (e.g. a one-line
+            version for a small model; ``None`` keeps the format's).
         task_type: The store's capability bucket.
         expert: ``expert(env) -> action text`` (e.g. an oracle that knows the task's gold
             queries); when given, the env has ``expert_action()`` for ``check_env`` and ``synth``.
         deterministic: ``False`` when the tools' results are random (``check_env`` then does
             not replay the expert).
+        metrics: ``metrics(env, answer) -> {name: value}``, called when an episode ends (on its
+            answer, or with ``None`` when it ran out of steps); the result is the last step's
+            ``info["metrics"]``, which :func:`arborl.tools.metrics.episode_metrics` averages
+            (e.g. F1, searches per question).
 
     Attributes:
         table: The tools by name.
         task: The current episode's task.
         steps: Turns taken in this episode.
         last_results: Result texts of the last turn's calls (what an expert may read).
+        calls: This episode's executed calls: ``(name, arguments, result text)`` in order.
         tool_counts: Running ``calls``/``errors``/``timeouts`` per tool over the env's life.
         lifecycle: Stateful-tool instances ``created``, ``released`` and ``release_errors``.
     """
@@ -125,6 +132,8 @@ class ToolEnv:
         task_type: str = "tool",
         expert: Callable[[ToolEnv], str] | None = None,
         deterministic: bool = True,
+        metrics: Callable[[ToolEnv, str | None], dict[str, float]] | None = None,
+        format_instructions: str | None = None,
     ) -> None:
         if not callable(tasks) and not tasks:
             raise ValueError("ToolEnv: `tasks` is empty; pass at least one Task or a function seed -> Task")
@@ -146,7 +155,7 @@ class ToolEnv:
         self.max_steps, self.call_timeout_s = max_steps, call_timeout_s
         self.max_result_chars, self.success_at = max_result_chars, success_at
         self.instructions, self.system_prompt, self.task_type = instructions, system_prompt, task_type
-        self.deterministic = deterministic
+        self.deterministic, self.metrics, self.format_instructions = deterministic, metrics, format_instructions
         if expert is not None:  # only an env with an expert has expert_action (check_env and synth look for it)
             self.expert_action: Callable[[], str] = lambda: expert(self)
         self.tool_counts: dict[str, dict[str, int]] = {}
@@ -157,6 +166,7 @@ class ToolEnv:
         self._history: tuple[tuple[str, str], ...] = ()
         self.steps = 0
         self.last_results: list[str] = []
+        self.calls: list[tuple[str, dict[str, Any], str]] = []
 
     # --- contract ---------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
@@ -164,8 +174,8 @@ class ToolEnv:
         self._release_all()
         s = 0 if seed is None else int(seed)
         self.task = self.tasks(s) if callable(self.tasks) else self.tasks[s % len(self.tasks)]
-        self._history, self.steps, self.last_results = (), 0, []
-        text = self.call_format.instructions(list(self.table.values()))
+        self._history, self.steps, self.last_results, self.calls = (), 0, [], []
+        text = self.format_instructions or self.call_format.instructions(list(self.table.values()))
         if self.system_prompt:
             text = f"{self.system_prompt}\n\n{text}"
         if self.instructions == "user":
@@ -212,11 +222,13 @@ class ToolEnv:
         out_of_steps = self.steps >= self.max_steps
         if error is not None:
             info.update(action=None, error=error, **({"success": False} if out_of_steps else {}))
+            self._end_metrics(info, None, out_of_steps)
             return StepResult(f"Invalid action: {error}", 0.0, False, out_of_steps, info)
         if parsed.answer is not None:
             return self._score(parsed.answer, info)
         outcomes = [self._invoke(c) for c in calls]
         self.last_results = [o.text for o in outcomes]
+        self.calls += [(c.name, c.arguments, o.text) for c, o in zip(calls, outcomes, strict=True)]
         self._history += tuple((c.name, json.dumps(c.arguments, sort_keys=True)) for c in calls)
         info["action"] = ",".join(c.name for c in calls)
         info["tool_results"] = [{"name": c.name, "result": o.text, "error": o.error, "timed_out": o.timed_out,
@@ -228,6 +240,7 @@ class ToolEnv:
             info["error"] = "; ".join(failed)[:500]
         if out_of_steps:
             info["success"] = False
+        self._end_metrics(info, None, out_of_steps)
         return StepResult(self.call_format.render([o.text for o in outcomes]), 0.0, False, out_of_steps, info)
 
     def _check_calls(self, calls: list[ParsedCall]) -> str | None:
@@ -246,7 +259,13 @@ class ToolEnv:
         if not math.isfinite(reward):
             raise ValueError(f"ToolEnv: the reward function returned {reward!r} for {answer[:40]!r}; return a finite number")
         info.update(action="answer", answer=answer, success=reward >= self.success_at)
+        self._end_metrics(info, answer, True)
         return StepResult("The episode is over.", reward, True, False, info)
+
+    def _end_metrics(self, info: dict[str, Any], answer: str | None, ended: bool) -> None:
+        """``info["metrics"]`` of the episode's last step (when a ``metrics`` function is given)."""
+        if ended and self.metrics is not None:
+            info["metrics"] = {str(k): float(v) for k, v in self.metrics(self, answer).items()}
 
     def _count(self, calls: list[ParsedCall], outcomes: list[_Outcome]) -> dict[str, dict[str, int]]:
         step: dict[str, dict[str, int]] = {}

@@ -8,7 +8,7 @@
   ``beta * (log pi_phi - log pi_ref)``, is the process reward, trained with cross-entropy on
   outcomes (PRIME) or a trajectory-level DPO loss over better/worse pairs of a group (iStar).
 
-Both implement the credit-model hook (:mod:`arborl.train.credit_models`); docs/credit.md §8 says
+Both implement the credit-model hook (:mod:`arborl.train.credit_models`); docs/credit.md §12 says
 what they compute and where they depart from the published code.
 """
 

@@ -53,12 +53,22 @@ class RolloutConfig:
     """Token sampling."""
     batch_size: int = 64
     """Most episodes generated together (one forward pass per decoding step)."""
+    env_workers: int = 8
+    """Threads that step the environments of a turn concurrently (a turn's env phase lasts as long as
+    its slowest step, not the sum). Envs of one batch must not share unsynchronised state; 1 steps
+    them one at a time (still on a worker thread, under the deadline)."""
+    env_timeout_s: float = 600.0
+    """Deadline of one ``reset`` or ``step`` (with ``format_observation`` and ``state_key``): an env
+    call that does not return in time ends its episode with stop_reason "env_error"."""
 
     def __post_init__(self) -> None:
-        for name in ("max_turns", "max_context_tokens", "batch_size"):
+        for name in ("max_turns", "max_context_tokens", "batch_size", "env_workers"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"RolloutConfig.{name} is {value!r}; use an integer >= 1")
+        if not (isinstance(self.env_timeout_s, int | float) and math.isfinite(self.env_timeout_s)
+                and self.env_timeout_s > 0):
+            raise ValueError(f"RolloutConfig.env_timeout_s is {self.env_timeout_s!r}; use a positive number of seconds")
         p = self.invalid_action_penalty
         if not (isinstance(p, int | float) and math.isfinite(p) and p <= 0):
             raise ValueError(

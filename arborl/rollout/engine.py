@@ -45,11 +45,21 @@ how :mod:`arborl.rollout.branch` tries every action at a visited state.
 Errors. An exception in ``reset``, ``step``, ``format_observation`` or ``state_key`` (or in a
 scripted policy) is recorded (``Turn.error``, or ``Episode.metadata["error"]`` when no turn
 exists) and stops that episode with stop_reason "env_error"; the rest of the batch goes on.
+
+Env concurrency. The resets of the episodes that join a turn, and the steps of every live
+episode after it, run on ``cfg.env_workers`` threads (:mod:`arborl.rollout.workers`), so the
+env phase of a turn lasts as long as its slowest step: a slow tool call of one episode runs
+while the others' steps finish. Turns still advance in lockstep (the decoder needs every live
+slot), so the next turn starts when the slowest step is back. Each call has the deadline
+``cfg.env_timeout_s``; an overdue one stops its episode ("env_error", the error names the
+deadline) and its env is never used again. Results are collected in slot order and envs share
+no state through the engine, so the episodes are the same whatever the thread timing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import time
 from collections import deque
@@ -65,6 +75,7 @@ from arborl.policy.chat import ChatRenderer, observation_text
 from arborl.rollout.config import EpisodeSpec, RolloutConfig
 from arborl.rollout.generate import TurnOutput, TurnRequest
 from arborl.rollout.policy import Policy, PolicySession
+from arborl.rollout.workers import Overdue, WorkerPool
 from arborl.trajectory.schema import Episode, MediaRef, StopReason, ToolCall, Turn, new_id
 from arborl.trajectory.values import is_storable, storable_text
 
@@ -83,6 +94,8 @@ class _Live:
     n_tokens: int = 0
     returns: float = 0.0
     success: float | None = None
+    hung: bool = False
+    """The last env call passed its deadline: the env may still be running it."""
 
 
 def run_episodes(
@@ -134,31 +147,31 @@ def run_episodes(
         lv.episode.rewards = {"success": lv.success, "return": lv.returns}
         results[index] = lv.episode
         session.release(slot)
-        if stop_reason == "env_error":
-            pool.discard(slot)
-        free.append(slot)
+        if pool.recycle(slot, failed=stop_reason == "env_error", hung=lv.hung):
+            free.append(slot)
 
+    workers = WorkerPool(cfg.env_workers)
     try:
         while queue or live:
-            while queue and free:
-                slot = free.pop()
-                index, spec = queue.popleft()
-                lv = _start(spec, pool, slot, policy.renderer, meta)
+            starting = [(free.pop(), *queue.popleft()) for _ in range(min(len(queue), len(free)))]
+            for slot, index, lv in _start_all(starting, pool, workers, policy.renderer, meta, cfg.env_timeout_s):
                 if isinstance(lv, Episode):  # reset failed
                     results[index] = lv
-                    pool.discard(slot)
-                    free.append(slot)
+                    if pool.recycle(slot, failed=True):
+                        free.append(slot)
                 else:
                     live[slot] = (index, lv)
+            _fail_if_stuck(queue, bool(live or free), results, meta, cfg.env_timeout_s)
             for slot, (_, lv) in list(live.items()):
                 if lv.n_tokens + len(lv.prompt) + cfg.sampling.max_new_tokens + 1 > limit:
                     if lv.episode.turns:
                         lv.episode.turns[-1].truncated = True
                     finish(slot, "max_context")
             if live:
-                for slot, stop in _play_turn(session, live, cfg, limit, policy.renderer, policy_version):
+                for slot, stop in _play_turn(session, live, cfg, limit, policy.renderer, policy_version, workers):
                     finish(slot, stop)
     finally:
+        workers.close()
         pool.close()
     if any(ep is None for ep in results):
         raise RuntimeError("run_episodes lost an episode; this is a bug in the rollout engine")
@@ -172,6 +185,7 @@ def _play_turn(
     limit: int,
     renderer: ChatRenderer,
     policy_version: int,
+    workers: WorkerPool,
 ) -> list[tuple[int, StopReason]]:
     """Generate one turn for every live episode, step the envs; returns (slot, stop) of those ending."""
     slots = sorted(live)
@@ -184,12 +198,28 @@ def _play_turn(
     t0 = time.perf_counter()
     outs = session.generate(requests)
     gen_s = time.perf_counter() - t0
-    ended = []
+    ended: dict[int, StopReason] = {}
+    stepping = []
     for slot, out in zip(slots, outs, strict=True):
-        stop = _advance(live[slot][1], out, gen_s, cfg, renderer, policy_version)
+        lv = live[slot][1]
+        turn = _record(lv, out, gen_s, renderer, policy_version)
+        if turn is None:
+            ended[slot] = "env_error"
+        else:
+            stepping.append((slot, lv, turn, copy.copy(turn)))
+    # the env steps of the turn, concurrently; results in slot order whatever the thread timing
+    stops = workers.run_calls([lambda a=lv, t=turn: _timed_step(a, t, cfg, renderer) for _, lv, turn, _ in stepping],
+                              cfg.env_timeout_s)
+    for (slot, lv, _, before), stop in zip(stepping, stops, strict=True):
+        if isinstance(stop, Overdue):  # the step may still be writing into `turn`: keep the copy made before it
+            lv.hung = True
+            before.error = f"env step did not return within {stop.timeout_s:g} s (rollout.env_timeout_s)"
+            before.timings = {**before.timings, "env": stop.timeout_s}
+            lv.episode.turns[-1] = before
+            stop = "env_error"
         if stop is not None:
-            ended.append((slot, stop))
-    return ended
+            ended[slot] = stop
+    return sorted(ended.items())
 
 
 def _forced_ids(lv: _Live, renderer: ChatRenderer) -> list[int] | None:
@@ -204,33 +234,33 @@ def _forced_ids(lv: _Live, renderer: ChatRenderer) -> list[int] | None:
     return None
 
 
+def _start_all(
+    starting: list[tuple[int, int, EpisodeSpec]], pool: _EnvPool, workers: WorkerPool, renderer: ChatRenderer,
+    meta: tuple[int, int, str], timeout_s: float,
+) -> list[tuple[int, int, _Live | Episode]]:
+    """Start the ``(slot, index, spec)`` episodes concurrently: ``(slot, index, live or failed episode)``."""
+    started = workers.run_calls([lambda s=slot, sp=spec: _start(sp, pool, s, renderer, meta)
+                                 for slot, _, spec in starting], timeout_s)
+    out: list[tuple[int, int, _Live | Episode]] = []
+    for (slot, index, spec), lv in zip(starting, started, strict=True):
+        if isinstance(lv, Overdue):  # the env may still be resetting: it is never used again
+            pool.abandon(slot)
+            lv = _overdue_reset(spec, meta, lv)
+        out.append((slot, index, lv))
+    return out
+
+
 def _start(
     spec: EpisodeSpec, pool: _EnvPool, slot: int, renderer: ChatRenderer, meta: tuple[int, int, str]
 ) -> _Live | Episode:
     """Reset the slot's env and render the first prompt; an Episode (stop "env_error") if that fails."""
-    policy_version, iteration, source = meta
     try:
         env = pool.get(slot)
     except Exception as exc:  # a failing factory fails this episode only
         env, factory_error = None, f"env factory failed: {type(exc).__name__}: {exc}"
     else:
         factory_error = None
-    ep = Episode(
-        task_id=spec.task_id,
-        task_type=spec.task_type,
-        group_id=spec.group_id,
-        seed=spec.seed,
-        policy_version=policy_version,
-        iteration=iteration,
-        source=source,
-        metadata={"env": type(env.unwrapped).__name__ if env is not None else None},
-    )
-    if spec.options is not None and _is_jsonable(spec.options):
-        ep.metadata["options"] = spec.options
-    if spec.metadata:
-        ep.metadata.update(spec.metadata)
-    if spec.replay or spec.branch_action is not None:
-        ep.metadata["replayed_turns"] = len(spec.replay)
+    ep = _episode(spec, type(env.unwrapped).__name__ if env is not None else None, meta)
     try:
         if factory_error is not None:
             raise RuntimeError(factory_error)
@@ -247,10 +277,39 @@ def _start(
                  spec=spec)
 
 
-def _advance(
-    lv: _Live, out: TurnOutput, gen_s: float, cfg: RolloutConfig, renderer: ChatRenderer, policy_version: int
-) -> StopReason | None:
-    """Record the generated turn, step the env, prepare the next prompt; returns a stop reason or None."""
+def _episode(spec: EpisodeSpec, env_name: str | None, meta: tuple[int, int, str]) -> Episode:
+    """The empty record of the episode ``spec`` describes."""
+    policy_version, iteration, source = meta
+    ep = Episode(task_id=spec.task_id, task_type=spec.task_type, group_id=spec.group_id, seed=spec.seed,
+                 policy_version=policy_version, iteration=iteration, source=source, metadata={"env": env_name})
+    if spec.options is not None and _is_jsonable(spec.options):
+        ep.metadata["options"] = spec.options
+    if spec.metadata:
+        ep.metadata.update(spec.metadata)
+    if spec.replay or spec.branch_action is not None:
+        ep.metadata["replayed_turns"] = len(spec.replay)
+    return ep
+
+
+def _fail_if_stuck(queue: deque, can_run: bool, results: list[Episode | None], meta: tuple[int, int, str],
+                   timeout_s: float) -> None:
+    """When no slot can run (every env hung), record each queued spec as an episode whose env passed the deadline."""
+    while queue and not can_run:
+        index, spec = queue.popleft()
+        results[index] = _overdue_reset(spec, meta, Overdue(timeout_s))
+
+
+def _overdue_reset(spec: EpisodeSpec, meta: tuple[int, int, str], overdue: Overdue) -> Episode:
+    """The record of an episode whose reset passed the deadline (stop "env_error")."""
+    ep = _episode(spec, None, meta)
+    ep.stop_reason = "env_error"
+    ep.metadata["error"] = f"reset did not return within {overdue.timeout_s:g} s (rollout.env_timeout_s)"
+    ep.rewards = {"success": None, "return": 0.0}
+    return ep
+
+
+def _record(lv: _Live, out: TurnOutput, gen_s: float, renderer: ChatRenderer, policy_version: int) -> Turn | None:
+    """Add the generated turn to the episode; ``None`` when generation failed (the episode ends)."""
     ep = lv.episode
     turn = Turn(
         turn_id=new_id(),
@@ -270,8 +329,13 @@ def _advance(
     lv.n_tokens += len(lv.prompt) + len(out.ids)
     if out.error is not None:
         turn.error, turn.valid = out.error, False
-        return "env_error"
+        return None
     turn.action_text = storable_text(out.text if out.text is not None else renderer.decode(out.ids))
+    return turn
+
+
+def _timed_step(lv: _Live, turn: Turn, cfg: RolloutConfig, renderer: ChatRenderer) -> StopReason | None:
+    """Step the env with the turn's action (on a worker thread); an exception ends the episode."""
     t0 = time.perf_counter()
     try:
         stop = _step(lv, turn, cfg, renderer)
@@ -348,6 +412,7 @@ class _EnvPool:
         else:
             raise TypeError(f"env_factory must be a callable or a list of envs, got {type(source).__name__}")
         self._built: dict[int, Any] = {}
+        self._dead: set[int] = set()
 
     @property
     def capacity(self) -> int:
@@ -365,6 +430,29 @@ class _EnvPool:
         env = self._built.pop(slot, None)
         if env is not None:
             _close_quietly(env)
+
+    def abandon(self, slot: int) -> None:
+        """Forget the env of a slot whose call passed its deadline, without touching it (it may still run).
+
+        A factory-built env is replaced at the slot's next use; a borrowed one cannot be, so the
+        slot is retired.
+        """
+        if self._fixed is not None:
+            self._dead.add(slot)
+        self._built.pop(slot, None)
+
+    def recycle(self, slot: int, *, failed: bool, hung: bool = False) -> bool:
+        """Prepare a finished slot for its next episode; False when it cannot run one (its env hung).
+
+        An env that raised may be broken and is replaced; one that hung may still be running and
+        is abandoned (see :meth:`abandon`).
+        """
+        if failed:
+            if hung:
+                self.abandon(slot)
+            else:
+                self.discard(slot)
+        return slot not in self._dead
 
     def close(self) -> None:
         for env in self._built.values():

@@ -40,12 +40,12 @@ def information(passages_text: str) -> str:
     return f"<information>{passages_text.strip()}</information>"
 
 
-def oracle_turns(question: Question, search: Callable[[str], str]) -> list[OracleTurn]:
-    """The oracle's turns for ``question``: one search per hop, then the first gold answer.
+def oracle_actions(question: Question, *, think: bool = True) -> list[str]:
+    """What the oracle writes for ``question``: one ``<search>`` per hop, then ``<answer>``.
 
     Args:
         question: A question with ``oracle_queries`` (and ``bridge_answers`` for 2-hop ones).
-        search: Query -> formatted passages (``SearchClient.__call__`` or any such function).
+        think: Open each action with a short ``<think>`` that names what was found (the bridge).
 
     Raises:
         SchemaError: When the question has no oracle queries, or the bridges do not match them.
@@ -58,15 +58,31 @@ def oracle_turns(question: Question, search: Callable[[str], str]) -> list[Oracl
         raise SchemaError(f"question {question.id!r}: {len(queries)} oracle queries need {len(queries) - 1} "
                           f"'bridge_answers', got {len(bridges)}")
     answer = question.golden_answers[0]
-    turns = []
+    actions = []
     for hop, query in enumerate(queries):
         if hop == 0:
             thought = f"I need to find the answer to: {question.question} I will search for it."
         else:
             thought = f"The search shows {bridges[hop - 1]}. Now I need more about {bridges[hop - 1]}, so I search again."
-        turns.append(OracleTurn(f"<think>{thought}</think>\n<search>{query}</search>", information(search(query))))
-    turns.append(OracleTurn(f"<think>The search shows the answer is {answer}.</think>\n<answer>{answer}</answer>", None))
-    return turns
+        actions.append((f"<think>{thought}</think>\n" if think else "") + f"<search>{query}</search>")
+    actions.append((f"<think>The search shows the answer is {answer}.</think>\n" if think else "")
+                   + f"<answer>{answer}</answer>")
+    return actions
+
+
+def oracle_turns(question: Question, search: Callable[[str], str]) -> list[OracleTurn]:
+    """The oracle's turns for ``question``: one search per hop, then the first gold answer.
+
+    Args:
+        question: A question with ``oracle_queries`` (and ``bridge_answers`` for 2-hop ones).
+        search: Query -> formatted passages (``SearchClient.__call__`` or any such function).
+
+    Raises:
+        SchemaError: When the question has no oracle queries, or the bridges do not match them.
+    """
+    actions = oracle_actions(question)
+    return [OracleTurn(action, information(search(query)))
+            for action, query in zip(actions, question.oracle_queries, strict=False)] + [OracleTurn(actions[-1], None)]
 
 
 def transcript(turns: list[OracleTurn]) -> str:

@@ -94,14 +94,26 @@ def _trained_view(ep: Episode) -> LinearView:
     return LinearView(view.input_ids[:n], view.loss_mask[:n], view.logprobs[:n], view.turn_index[:n], view.turns)
 
 
+FAILED_STOPS = ("env_error", "max_context")
+"""Stop reasons of episodes that ended on a failure rather than by the policy's play; ``rl.error_policy``
+drops them from the update or scores them 0."""
+
+
+def failed(episode: Episode) -> bool:
+    """Whether the episode ended on an env/tool error or a context overflow (see :data:`FAILED_STOPS`)."""
+    return episode.stop_reason in FAILED_STOPS
+
+
 def step_batch(
-    episodes: Sequence[Episode], *, score_key: str = "success", invalid_penalty: float = 0.0
+    episodes: Sequence[Episode], *, score_key: str = "success", invalid_penalty: float = 0.0,
+    zero: Sequence[bool] | None = None,
 ) -> StepBatch:
     """Credit input: one row per turn of each main path, groups and anchors as dense ids.
 
     The episode score is ``rewards[score_key]`` (``None`` counts as 0) plus ``invalid_penalty``
     per invalid action, so a malformed answer lowers the trajectory's advantage as well as its
-    own step's return.
+    own step's return. An episode with ``zero[e]`` true is scored 0: score and step rewards
+    (``rl.error_policy = "zero"`` for failed episodes).
 
     Branch episodes (:mod:`arborl.rollout.branch`) are not policy samples from the start state
     (``sampled`` False), and only their forced action gets credit (``active``); the rewards of
@@ -116,15 +128,15 @@ def step_batch(
         replayed = int(ep.metadata.get("replayed_turns", 0))
         sampled.append("branch" not in ep.metadata and replayed == 0)
         first, stop = credited_turns(ep)
-        penalty = 0.0
+        penalty, scored = 0.0, not (zero is not None and zero[e])
         for k, t in enumerate(ep.path()):
             ep_idx.append(e)
             step.append(k)
-            reward.append(t.reward)
+            reward.append(t.reward if scored else 0.0)
             anchor.append(anchor_ids.setdefault(t.state_key or f"{ep.episode_id}:{k}", len(anchor_ids)))
             active.append(first <= k < stop)
             penalty += 0.0 if t.valid or k < replayed else invalid_penalty
-        score.append((base or 0.0) + penalty)
+        score.append((base or 0.0) + penalty if scored else 0.0)
     return StepBatch(
         episode=torch.tensor(ep_idx, dtype=torch.long),
         step=torch.tensor(step, dtype=torch.long),

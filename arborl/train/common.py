@@ -46,6 +46,14 @@ METRICS = {
     "train/kept_frac": "fraction of rollouts the update uses: a non-zero advantage somewhere, in a group rl.filter kept",
     "train/filter_kept_frac": "fraction of this iteration's groups that rl.filter kept (1 without a filter)",
     "train/filter_empty": "iterations so far in which rl.filter kept no group (nothing was trained on them)",
+    "train/env_errors": "episodes of this iteration (branches included) that ended on an env or tool error "
+                        "(stop_reason env_error; rl.error_policy drops them or scores them 0)",
+    "train/max_context": "episodes of this iteration (branches included) cut at rollout.max_context_tokens "
+                         "(stop_reason max_context; handled by rl.error_policy like env errors)",
+    "tools/calls_per_episode": "tool calls per group-rollout episode of this iteration (0 for envs without tools); "
+                               "tool envs also log tools/<name>/{calls,errors,timeouts} (arborl.tools.metrics)",
+    "tools/time_share": "share of this iteration's rollout time spent in tool calls: sum of tool latencies over "
+                        "sum of (generate + env) seconds of every turn (0 without tools)",
     "tokens": "model-generated tokens trained on in RL so far (of the episodes the updates used)",
 }
 """Every metric name written to metrics.jsonl (and to the ``report_to`` loggers), with its meaning.

@@ -210,7 +210,7 @@ class RLConfig:
     prm_baseline: Literal["group", "previous"] = "group"
     """Process rewards: compare each step's score with the group's other steps (``group``), or first take
     its difference to the episode's previous step's score (``previous``: with an explicit PRM's
-    Q(s, a) estimates, a temporal-difference advantage; see docs/credit.md §8.1)."""
+    Q(s, a) estimates, a temporal-difference advantage; see docs/credit.md §12.1)."""
     prm_pair_agg: Literal["mean", "sum"] = "mean"
     """istar: a trajectory's implicit reward in the DPO loss is the mean (iStar's code) or the sum (its
     paper) over its turns of beta * sum of log-ratios."""
@@ -227,6 +227,10 @@ class RLConfig:
     and in a token-mean loss they only dilute the step size of the informative ones)."""
     score_key: str = "success"
     """Which named episode reward is the outcome score."""
+    error_policy: Literal["drop", "zero"] = "drop"
+    """What the update does with an episode that ended on an env/tool error or a context overflow (stop
+    reason ``env_error`` / ``max_context``): ``drop`` leaves it out of credit and the update, ``zero``
+    trains on it with score and rewards 0. Both are counted (``train/env_errors``, ``train/max_context``)."""
     branch: bool = False
     """After each group rollout, branch every visited state with every action no group member took
     there and let the policy finish each branch (arborl.rollout.branch), so step-level credit

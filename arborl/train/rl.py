@@ -43,7 +43,8 @@ from arborl.loss import ppo_clip_loss
 from arborl.policy import ChatRenderer, load_policy, save_policy, token_logprobs, token_logprobs_and_entropy
 from arborl.rollout import ModelPolicy, RolloutConfig, run_episodes
 from arborl.rollout.branch import branch_specs
-from arborl.train.batch import TokenBatch, broadcast, collate, length_chunks, step_batch
+from arborl.tools.metrics import episode_metrics, tool_metrics
+from arborl.train.batch import TokenBatch, broadcast, collate, failed, length_chunks, step_batch
 from arborl.train.common import (
     load_trainer_state,
     rng_state,
@@ -233,14 +234,19 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
     # store: persist, then train on what the store returns
     episodes = store.get_many(store.put_many(rolled))
     # credit: one advantage per turn, broadcast to that turn's generated tokens
-    steps = step_batch(episodes, score_key=rc.score_key, invalid_penalty=cfg.rollout.invalid_action_penalty)
+    # rl.error_policy: an episode that ended on an env error or a context overflow is no sample of the
+    # policy's play; it is dropped (default) or scored 0
+    broken = [failed(e) for e in episodes]
+    trained = [e for e, b in zip(episodes, broken, strict=True) if not b] if rc.error_policy == "drop" else episodes
+    steps = step_batch(trained, score_key=rc.score_key, invalid_penalty=cfg.rollout.invalid_action_penalty,
+                       zero=broken if rc.error_policy == "zero" else None)
     groups = _kept_groups(rc, steps)  # rl.filter: the groups credit and the update see
     pad = lrn.tok.pad_token_id if lrn.tok.pad_token_id is not None else 0
-    batch = collate(episodes, pad_id=pad)
-    ctx = CreditContext(cfg, it, episodes, steps, batch, lrn.model, lrn.tok, store)
+    batch = collate(trained, pad_id=pad)
+    ctx = CreditContext(cfg, it, trained, steps, batch, lrn.model, lrn.tok, store)
     extra = lrn.credit_model.step_inputs(ctx) if lrn.credit_model is not None else {}
     adv = broadcast(credit_on_groups(credit, steps, groups, **extra), batch.step_of_token) * batch.loss_mask
-    keep = (adv.abs() > 1e-8).any(-1) if rc.drop_zero_advantage else torch.ones(len(episodes), dtype=torch.bool)
+    keep = (adv.abs() > 1e-8).any(-1) if rc.drop_zero_advantage else torch.ones(len(trained), dtype=torch.bool)
     keep &= groups[steps.group]
     # loss + update (on the episodes that carry signal)
     lr = rl_lr(rc, it)
@@ -270,6 +276,10 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
         "train/adv_abs": float(adv.abs().sum() / batch.loss_mask.sum().clamp_min(1)),
         "train/kept_frac": len(rows) / len(episodes),
         "train/filter_kept_frac": float(groups.to(torch.float32).mean()) if groups.numel() else 0.0,
+        "train/env_errors": sum(e.stop_reason == "env_error" for e in episodes),
+        "train/max_context": sum(e.stop_reason == "max_context" for e in episodes),
+        **tool_metrics(episodes[:n_sampled]),
+        **{f"train/{k}": v for k, v in episode_metrics(episodes[:n_sampled]).items()},
     }
     if rc.eval_every and ((it + 1) % rc.eval_every == 0 or it + 1 == rc.iterations):
         row.update(evaluate(cfg, make_env, lrn.model, lrn.tok, n=cfg.eval.probe_episodes, label="probe",

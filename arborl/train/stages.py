@@ -23,6 +23,7 @@ from arborl.policy import (
     train_tokenizer,
 )
 from arborl.rollout import EpisodeSpec, ModelPolicy, RolloutConfig, ScriptedPolicy, run_episodes
+from arborl.tools.metrics import episode_metrics
 from arborl.train.common import task_type_of
 from arborl.train.config import TrainConfig
 from arborl.train.progress import progress
@@ -67,7 +68,8 @@ def _corpus(make_env: Callable[[], Env], episodes: int, seed_start: int, seed: i
                     break
     finally:
         env.close()
-    return texts, actions + [a for a in known if a not in actions]  # words play never reached, too
+    vocabulary = [str(w) for w in getattr(env, "vocabulary", ())]  # words an env may show beyond this play
+    return texts, actions + [a for a in known if a not in actions] + vocabulary  # words play never reached, too
 
 
 def prepare_policy(cfg: TrainConfig, make_env: Callable[[], Env]) -> Path:
@@ -157,6 +159,7 @@ def evaluate(
         store.put_many(eps)
     n_eps = max(len(eps), 1)
     return {
+        **episode_metrics(eps),  # what a tool env reports per episode (arborl.tools.metrics), e.g. f1
         "success": sum(1.0 for e in eps if e.success) / n_eps,
         "reward": sum(float(e.rewards.get("return") or 0.0) for e in eps) / n_eps,
         "turns": sum(len(e.path()) for e in eps) / n_eps,

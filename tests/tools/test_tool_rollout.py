@@ -94,13 +94,18 @@ def test_rollout_records_tool_calls_latency_errors_and_releases_every_instance(c
     for ep in (mul, pow_):
         ep.validate()
     # 5 calls ran (the malformed one did not): calculator and notebook twice, sleep once and timed out
-    assert tool_metrics([mul, pow_]) == {
+    got = tool_metrics([mul, pow_])
+    turns = mul.turns + pow_.turns
+    # the 0.3 s timeout dominates the tools' time; the share is over every turn's generate + env seconds
+    assert got.pop("tools/time_share") == pytest.approx(
+        sum(t.timings.get("tool", 0) for t in turns) / sum(t.timings["generate"] + t.timings["env"] for t in turns))
+    assert got == {
         "tools/calculator/calls": 2.0, "tools/calculator/errors": 0.0, "tools/calculator/timeouts": 0.0,
         "tools/notebook/calls": 2.0, "tools/notebook/errors": 0.0, "tools/notebook/timeouts": 0.0,
         "tools/sleep/calls": 1.0, "tools/sleep/errors": 1.0, "tools/sleep/timeouts": 1.0,
         "tools/calls_per_episode": 2.5,
     }
-    assert tool_metrics([]) == {"tools/calls_per_episode": 0.0}
+    assert tool_metrics([]) == {"tools/calls_per_episode": 0.0, "tools/time_share": 0.0}
 
 
 def test_an_untrained_model_sampling_garbage_never_stops_the_rollout(chatml):

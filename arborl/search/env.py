@@ -1,0 +1,211 @@
+"""The Search-R1 task: a :class:`~arborl.env.tool_env.ToolEnv` over a corpus, a QA set and a retriever.
+
+``search_r1_env(**kwargs)`` is what a recipe names as ``env.cls`` (``arborl.search.env:search_r1_env``)::
+
+    [env]
+    cls = "arborl.search.env:search_r1_env"
+    kwargs = { corpus = "", qa = "", url = "", topk = 3 }
+
+It composes, as every tool task does, a task source, a tool table and a reward:
+
+* **Tasks**: the QA set's questions; ``reset(seed=s)`` plays training question ``s % n_train``
+  for ``s < test_seed_start`` and held-out question ``(s - test_seed_start) % n_test`` from there
+  on (keep ``test_seed_start`` equal to the trainer's ``env.eval_seed_start``). With ``qa = ""``
+  the seeded generator of :mod:`arborl.search.corpus` makes the corpus and questions (1- and 2-hop,
+  held-out split by subject); a user's QA file without a ``split`` field is split by a hash of
+  each question id (``test_frac``).
+* **Tool**: ``search`` (:class:`~arborl.search.tool.SearchTool`) over HTTP. With ``url = ""``
+  the env starts an in-process retriever server (:class:`~arborl.search.server.RetrieverServer`)
+  on a free loopback port the first time one is built, shares it with every env of the process,
+  and stops it when the process ends (also on Ctrl-C; :mod:`arborl.tools.services`).
+* **Reward**: exact match after Search-R1's normalisation; ``format_reward`` (default 0) is
+  given instead for a well-formed but wrong answer. ``success`` is exact match.
+* **Metrics** at the end of each episode (``info["metrics"]``): ``em``, ``f1``, ``searches`` (search
+  calls), and for 2-hop questions ``two_hop_used_first`` (1 when a later query contains the
+  bridge entity and the first search's results showed it: the second query used what the first
+  search returned).
+* **Expert** (for ``synth``): the generator's oracle queries (:func:`arborl.search.oracle.oracle_actions`).
+
+``spaced = true`` writes every punctuation mark as a word of its own in everything the model
+reads (for arborl's word-level scratch tokenizer) and exposes ``vocabulary``, every word of the
+corpus and questions, so a scratch tokenizer knows the names of held-out questions too. Leave it
+off for a pretrained model and its own tokenizer.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+from arborl.config import ConfigError
+from arborl.env.tool_env import Task, ToolEnv
+from arborl.search.client import SearchClient
+from arborl.search.corpus import CorpusConfig, generate, held_out
+from arborl.search.formats import Passage, Question, read_corpus, read_qa
+from arborl.search.oracle import oracle_actions
+from arborl.search.reward import exact_match, f1_score, normalize_answer, validate_gold
+from arborl.search.tool import SearchTool, spaced
+from arborl.tools.formats import FORMATS
+from arborl.tools.services import shared_service
+
+
+@functools.lru_cache(maxsize=4)
+def load_dataset(corpus: str = "", qa: str = "", seed: int = 0, test_frac: float = 0.2
+                 ) -> tuple[tuple[Passage, ...], tuple[Question, ...], tuple[Question, ...]]:
+    """``(passages, train questions, test questions)``, read from files or generated (cached per process).
+
+    Raises:
+        ConfigError: One of ``corpus`` / ``qa`` is given without the other, or a split is empty.
+        SchemaError: A bad line in a file, or a gold answer that cannot score 1.0.
+    """
+    if bool(corpus) != bool(qa):
+        raise ConfigError("env.kwargs: give both `corpus` and `qa` (your own files), or neither (the generated set)")
+    if corpus:
+        passages, questions = read_corpus(corpus), read_qa(qa)
+    else:
+        passages, questions = generate(CorpusConfig(seed=seed, test_frac=test_frac))
+    validate_gold(questions)
+    test = [q for q in questions if (q.split == "test" if q.split else held_out(q.id, test_frac))]
+    test_ids = {q.id for q in test}
+    train = [q for q in questions if q.id not in test_ids]
+    if not train or not test:
+        raise ConfigError(f"the QA set has {len(train)} training and {len(test)} held-out questions; both must be "
+                          "non-empty (set each line's 'split' to train/test, or change test_frac)")
+    return tuple(passages), tuple(train), tuple(test)
+
+
+@functools.lru_cache(maxsize=4)
+def _vocabulary(corpus: str, qa: str, seed: int, test_frac: float) -> tuple[str, ...]:
+    passages, train, test = load_dataset(corpus, qa, seed, test_frac)
+    words: dict[str, None] = {}
+    framing = 'Doc 1(Title: "") 2 3 4 5 6 7 8 9 10 No passage matches the query. <answer> </answer> <search> </search>'
+    for text in [framing] + [p.contents for p in passages] + [q.question for q in train + test] + [
+            a for q in train + test for a in q.golden_answers]:
+        words.update(dict.fromkeys(spaced(text).split()))
+    return tuple(words)
+
+
+def retriever_url(corpus: str, qa: str, seed: int, test_frac: float, method: str) -> str:
+    """The URL of this process's retriever server for the dataset, started on first use."""
+    from arborl.search.retriever import build_retriever
+    from arborl.search.server import RetrieverServer
+
+    def start() -> RetrieverServer:
+        passages = load_dataset(corpus, qa, seed, test_frac)[0]
+        server = RetrieverServer(build_retriever(list(passages), method), method=method).start()
+        print(f"arborl: retriever serving {len(passages)} passages ({method}) at {server.url}", file=sys.stderr)
+        return server
+
+    return shared_service(("retriever", corpus or f"generated:{seed}", method), start=start,
+                          stop=RetrieverServer.stop).url
+
+
+class _SearchTask:
+    """Seed -> Task over the train and held-out questions; reward, metrics and oracle of the task."""
+
+    def __init__(self, train: tuple[Question, ...], test: tuple[Question, ...], test_seed_start: int,
+                 format_reward: float, text) -> None:
+        self.train, self.test, self.test_seed_start = train, test, test_seed_start
+        self.format_reward, self.text = format_reward, text
+
+    def __call__(self, seed: int) -> Task:
+        q = self.test[(seed - self.test_seed_start) % len(self.test)] if seed >= self.test_seed_start \
+            else self.train[seed % len(self.train)]
+        return Task(self.text(q.question), answer=q.golden_answers, id=q.id, metadata={"question": q})
+
+    def reward(self, answer: str, task: Task) -> float:
+        return 1.0 if exact_match(answer, task.answer) else self.format_reward
+
+    def metrics(self, env: ToolEnv, answer: str | None) -> dict[str, float]:
+        assert env.task is not None
+        q: Question = env.task.metadata["question"]
+        searches = [(args.get("query", ""), result) for name, args, result in env.calls if name == "search"]
+        out = {"em": exact_match(answer, q.golden_answers), "f1": f1_score(answer, q.golden_answers),
+               "searches": float(len(searches))}
+        if q.hops == 2 and q.bridge_answers:
+            bridge = normalize_answer(q.bridge_answers[0])
+            shown = bool(searches) and bridge in normalize_answer(searches[0][1])
+            later = any(bridge in normalize_answer(query) for query, _ in searches[1:])
+            out["two_hop_used_first"] = float(shown and later)
+        return out
+
+    def expert(self, env: ToolEnv) -> str:
+        assert env.task is not None
+        actions = oracle_actions(env.task.metadata["question"], think=False)
+        action = actions[min(env.steps, len(actions) - 1)]
+        if env.call_format.name == "hermes" and action.startswith("<search>"):  # the same call as a JSON tool call
+            query = action.removeprefix("<search>").removesuffix("</search>")
+            action = f'<tool_call>{json.dumps({"name": "search", "arguments": {"query": query}})}</tool_call>'
+        return self.text(action)
+
+
+def search_r1_env(
+    *,
+    corpus: str = "",
+    qa: str = "",
+    corpus_seed: int = 0,
+    test_frac: float = 0.2,
+    url: str = "",
+    method: str = "bm25",
+    topk: int = 3,
+    timeout_s: float = 10.0,
+    retries: int = 2,
+    call_timeout_s: float = 30.0,
+    max_steps: int = 4,
+    format_reward: float = 0.0,
+    tool_format: str = "search_r1",
+    spaced_text: bool = False,
+    test_seed_start: int = 1_000_000_000,
+    system_prompt: str | None = None,
+    instructions: str = "",
+) -> ToolEnv:
+    """A Search-R1 :class:`~arborl.env.tool_env.ToolEnv` (see the module docstring).
+
+    Args:
+        corpus: Corpus JSONL (``{"id", "contents"}`` lines); ``""`` with ``qa = ""``: the generated set.
+        qa: QA JSONL (``question``, ``golden_answers``; arborl's optional fields).
+        corpus_seed: Seed of the generated set.
+        test_frac: Held-out fraction (generated set; QA files without ``split``).
+        url: A running ``/retrieve`` endpoint; ``""`` starts one in-process (shared, stopped at exit).
+        method: Retrieval of the in-process server: ``bm25`` or ``dense``.
+        topk: Passages per search.
+        timeout_s: HTTP timeout of one attempt; ``retries`` more attempts on transient failures.
+        retries: Further attempts after a failed request.
+        call_timeout_s: The env's deadline of one tool call (covers every attempt).
+        max_steps: Turns per episode (searches + the answer).
+        format_reward: Reward of a well-formed wrong answer (exact match scores 1).
+        tool_format: ``search_r1`` (tags) or ``hermes`` (JSON tool calls).
+        spaced_text: Punctuation as separate words in every text the model reads (scratch tokenizers).
+        test_seed_start: Seeds from here on play held-out questions (= ``env.eval_seed_start``).
+        system_prompt: Text put before the format's instructions.
+        instructions: Replaces the format's instructions ("": keep them), e.g. one line for a small model.
+    """
+    if tool_format not in FORMATS:
+        raise ConfigError(f"env.kwargs.tool_format = {tool_format!r}; choose one of {sorted(FORMATS)}")
+    if not 0 <= format_reward < 1:
+        raise ConfigError(f"env.kwargs.format_reward = {format_reward}; use a number in [0, 1) (exact match scores 1)")
+    _, train, test = load_dataset(corpus, qa, corpus_seed, test_frac)
+    endpoint = url or retriever_url(corpus, qa, corpus_seed, test_frac, method)
+    text = spaced if spaced_text else _same
+    source = _SearchTask(train, test, test_seed_start, format_reward, text)
+    tool = SearchTool(SearchClient(endpoint, topk=topk, timeout=timeout_s, retries=retries), topk=topk,
+                      transform=spaced if spaced_text else None)
+    env = ToolEnv(source, [tool], source.reward, call_format=FORMATS[tool_format](), max_steps=max_steps,
+                  call_timeout_s=call_timeout_s, system_prompt=system_prompt, task_type="search_r1",
+                  expert=source.expert, metrics=source.metrics, format_instructions=instructions or None)
+    if spaced_text:
+        env.vocabulary = _vocabulary(corpus, qa, corpus_seed, test_frac)  # type: ignore[attr-defined]
+    return env
+
+
+def _same(text: str) -> str:
+    return text
+
+
+def write_generated(out_dir: str | Path, seed: int = 0) -> tuple[Path, Path]:
+    """Write the generated corpus and QA set (what ``corpus = ""`` uses) as JSONL files."""
+    from arborl.search.corpus import write_dataset
+
+    return write_dataset(out_dir, CorpusConfig(seed=seed))

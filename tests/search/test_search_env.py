@@ -1,0 +1,208 @@
+"""The Search-R1 task env: tasks by seed, the search tool over real HTTP, reward, metrics, oracle, the server's lifecycle."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+
+from arborl.env import check_env
+from arborl.loss import ppo_clip_loss
+from arborl.policy import ChatRenderer, ModelConfig, build_model, token_logprobs_and_entropy, train_tokenizer
+from arborl.rollout import EpisodeSpec, RolloutConfig, SamplingConfig, ScriptedPolicy, run_episodes
+from arborl.search.client import SearchClient
+from arborl.search.env import load_dataset, search_r1_env
+from arborl.search.retriever import BM25Retriever
+from arborl.search.server import RetrieverServer
+from arborl.search.tool import SearchTool, spaced
+from arborl.tools import ErrorResult
+from arborl.tools.metrics import episode_metrics, tool_metrics
+from arborl.tools.services import running_services, shared_service, stop_services
+from arborl.train.batch import collate
+
+from .conftest import free_port
+
+START = 1_000_000_000
+
+
+@pytest.fixture(scope="module")
+def data():
+    return load_dataset()
+
+
+@pytest.fixture(scope="module")
+def env_kw(world, data):
+    """Envs over one module-scoped server (the env's own in-process server is tested on its own)."""
+    with RetrieverServer(BM25Retriever(world[0])) as server:
+        yield {"url": server.url, "topk": 1}
+
+
+def _play(env, seed: int) -> list:
+    env.reset(seed=seed)
+    out = []
+    for _ in range(env.max_steps):
+        action = env.expert_action()
+        res = env.step(action)
+        out.append((action, res))
+        if res.terminated or res.truncated:
+            break
+    return out
+
+
+def test_seeds_play_train_questions_below_the_start_and_held_out_ones_from_it(data, env_kw):
+    _, train, test = data
+    assert len(train) + len(test) == 3000 and 0.15 < len(test) / 3000 < 0.25
+    assert not {q.extra["subject_id"] for q in train} & {q.extra["subject_id"] for q in test}
+    env = search_r1_env(**env_kw)
+    env.reset(seed=7)
+    assert env.task.id == train[7].id
+    env.reset(seed=START + 3)
+    assert env.task.id == test[3].id
+    env.reset(seed=START + len(test) + 3)  # wraps around
+    assert env.task.id == test[3].id
+    check_env(env)
+
+
+def test_oracle_answers_every_question_and_metrics_are_hand_checkable(data, env_kw):
+    _, train, test = data
+    env = search_r1_env(**env_kw)
+    one = next(i for i, q in enumerate(test) if q.hops == 1)
+    two = next(i for i, q in enumerate(test) if q.hops == 2)
+    q1, q2 = test[one], test[two]
+    steps = _play(env, START + one)
+    assert [a for a, _ in steps] == [f"<search>{q1.oracle_queries[0]}</search>", f"<answer>{q1.golden_answers[0]}</answer>"]
+    assert steps[0][1].obs.startswith("<information>Doc 1(Title: ") and steps[-1][1].reward == 1.0
+    assert steps[-1][1].info["metrics"] == {"em": 1.0, "f1": 1.0, "searches": 1.0}
+    steps = _play(env, START + two)
+    assert q2.bridge_answers[0] in steps[0][1].obs and q2.bridge_answers[0] in steps[1][0]
+    assert steps[-1][1].info["metrics"] == {"em": 1.0, "f1": 1.0, "searches": 2.0, "two_hop_used_first": 1.0}
+    # every held-out question, by the oracle: exact match 1 (BM25 ranks the supporting passage first)
+    assert all(_play(env, START + i)[-1][1].reward == 1.0 for i in range(0, len(test), 7))
+
+
+def test_the_hermes_format_gets_the_same_oracle_calls_as_json_tool_calls(data, env_kw):
+    _, _, test = data
+    env = search_r1_env(**env_kw, tool_format="hermes")
+    two = next(i for i, q in enumerate(test) if q.hops == 2)
+    steps = _play(env, START + two)
+    call = {"name": "search", "arguments": {"query": test[two].oracle_queries[0]}}
+    assert steps[0][0] == f"<tool_call>{json.dumps(call)}</tool_call>"
+    assert steps[0][1].obs.startswith("<tool_response>\nDoc 1(Title: ")
+    assert steps[-1][1].reward == 1.0 and steps[-1][1].info["metrics"]["two_hop_used_first"] == 1.0
+    check_env(env)
+
+
+def test_wrong_answers_f1_format_reward_and_a_second_query_that_ignores_the_first_result(data, env_kw):
+    _, _, test = data
+    env = search_r1_env(**env_kw, format_reward=0.1)
+    one = next(i for i, q in enumerate(test) if q.hops == 1 and len(q.golden_answers[0].split()) == 2)
+    env.reset(seed=START + one)
+    res = env.step(f"<answer>{test[one].golden_answers[0].split()[0]}</answer>")  # one of the two gold words
+    assert res.reward == 0.1 and res.info["success"] is False
+    # F1: precision 1, recall 1/2 -> 2/3
+    assert res.info["metrics"] == pytest.approx({"em": 0.0, "f1": 2 / 3, "searches": 0.0})
+    two = next(i for i, q in enumerate(test) if q.hops == 2)
+    env.reset(seed=START + two)
+    env.step(f"<search>{test[two].oracle_queries[0]}</search>")
+    env.step("<search>something else entirely</search>")
+    res = env.step("<answer>nothing</answer>")
+    assert res.info["metrics"] == {"em": 0.0, "f1": 0.0, "searches": 2.0, "two_hop_used_first": 0.0}
+    env.reset(seed=START + two)
+    for _ in range(4):  # out of steps without answering: metrics with no answer
+        res = env.step("no tags here")
+    assert res.truncated and res.info["metrics"] == {"em": 0.0, "f1": 0.0, "searches": 0.0, "two_hop_used_first": 0.0}
+
+
+def test_spaced_text_puts_punctuation_and_tags_in_words_of_their_own_and_the_vocabulary_covers_held_out_names(
+        data, env_kw):
+    assert spaced('<search>Talia born</search> Doc 1(Title: "Talia V") V (born 1962).') == \
+        '<search> Talia born </search> Doc 1 ( Title : " Talia V " ) V ( born 1962 ) .'
+    _, _, test = data
+    env = search_r1_env(**env_kw, spaced_text=True)
+    vocab = set(env.vocabulary)
+    assert all(set(spaced(q.question).split()) <= vocab and set(q.golden_answers[0].split()) <= vocab for q in test)
+    obs, _ = env.reset(seed=START)
+    assert obs[1]["content"] == spaced(test[0].question)
+    action = env.expert_action()
+    assert action.startswith("<search> ") and action.endswith(" </search>")
+    res = env.step(action)
+    assert set(res.obs.removeprefix("<information>").removesuffix("</information>").split()) <= vocab
+
+
+def test_the_search_tool_turns_a_dead_service_into_an_error_result_after_its_retries():
+    client = SearchClient(f"http://127.0.0.1:{free_port()}/retrieve", timeout=0.5, retries=2, backoff=0.01)
+    out = SearchTool(client)({"query": "anything"})
+    assert isinstance(out, ErrorResult) and out.startswith("SearchError: ") and "after 3 attempts" in out
+    assert client.calls == 3
+    assert SearchTool(client)({"query": "  "}).startswith("ArgumentError: ")
+
+
+def test_the_env_starts_one_shared_server_and_stop_services_shuts_it_down(data):
+    stop_services()
+    envs: list = []
+    threads = [threading.Thread(target=lambda: envs.append(search_r1_env(topk=1))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    urls = {e.table["search"].client.url for e in envs}
+    assert len(urls) == 1 and running_services() == [("retriever", "generated:0", "bm25")]
+    url = urls.pop()
+    assert "Doc 1(Title:" in envs[0].table["search"]({"query": "capital"})
+    stop_services()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(url.replace("/retrieve", "/health"), timeout=2)
+    assert running_services() == []
+    started = []
+    assert shared_service("k", start=lambda: started.append(1) or "svc", stop=lambda s: None) == "svc"
+    assert shared_service("k", start=lambda: started.append(1) or "other", stop=lambda s: None) == "svc"
+    assert started == [1]
+    stop_services()
+
+
+def test_every_retrieved_token_gets_exactly_zero_gradient(data, env_kw):
+    """The foundation's masked-token invariant on the search task: <information> text is never trained on."""
+    env_factory = lambda: search_r1_env(**env_kw, spaced_text=True)  # noqa: E731
+    vocab = list(env_factory().vocabulary)
+    tok = train_tokenizer(["Search with <search> query </search> answer <answer> </answer> <information>"],
+                          extra_words=vocab)
+    renderer = ChatRenderer(tok)
+    specs = [EpisodeSpec(task_id=f"t{i}", task_type="search_r1", group_id="g", seed=START + i) for i in range(6)]
+    eps = run_episodes(ScriptedPolicy(lambda env: env.unwrapped.expert_action(), renderer), env_factory, specs,
+                       RolloutConfig(max_turns=4, max_context_tokens=1024, sampling=SamplingConfig(max_new_tokens=16)),
+                       generator=torch.Generator().manual_seed(0))
+    assert all(ep.success for ep in eps) and tool_metrics(eps)["tools/search/calls"] >= 6
+    assert episode_metrics(eps)["em"] == 1.0
+    model = build_model(ModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=64,
+                                    max_position_embeddings=1024), tok, seed=0)
+    batch = collate(eps)
+    retrieved: list[tuple[int, int]] = []
+    for b, ep in enumerate(eps):
+        k = 0
+        for turn in ep.turns:
+            if "Title :" in tok.decode(turn.prompt_ids):  # a search result
+                retrieved += [(b, k + i) for i in range(len(turn.prompt_ids))]
+            k += len(turn.prompt_ids) + len(turn.output_ids)
+    assert len(retrieved) > 6 * 30
+    captured = {}
+
+    def keep(module, inputs, output):
+        output.retain_grad()
+        captured["logits"] = output
+
+    handle = model.lm_head.register_forward_hook(keep)
+    try:
+        logp, ent = token_logprobs_and_entropy(model, batch.input_ids, batch.attention_mask)
+    finally:
+        handle.remove()
+    adv = torch.randn(batch.loss_mask.shape, generator=torch.Generator().manual_seed(0)) * batch.loss_mask
+    ppo_clip_loss(logp, batch.old_logp, adv, batch.loss_mask, entropy=ent, entropy_coef=0.01).loss.backward()
+    g = captured["logits"].grad  # (B, T, V): the logits at t - 1 predict token t
+    grad_of_token = torch.zeros(batch.loss_mask.shape)
+    grad_of_token[:, 1:] = g[:, :-1].abs().sum(-1)
+    assert all(batch.loss_mask[b, t] == 0 and grad_of_token[b, t] == 0.0 for b, t in retrieved)
+    assert torch.count_nonzero(grad_of_token[batch.loss_mask == 1]) == int(batch.loss_mask.sum())
