@@ -37,6 +37,8 @@ CREDIT_ESTIMATORS: dict[str, tuple[str, Callable[[RLConfig], dict[str, Any]]]] =
     "gigpo": ("gigpo", lambda rl: {"gamma": rl.gamma, "step_weight": rl.step_weight, "norm_by_std": rl.norm_by_std,
                                    "length_neutral": rl.length_neutral, "singleton": rl.singleton}),
     "best_step": ("best_step", lambda rl: {"gamma": rl.gamma}),
+    "tree": ("tree", lambda rl: {"episode_weight": rl.tree_episode_weight, "norm_by_std": rl.norm_by_std,
+                                 "length_neutral": rl.length_neutral, "singleton": rl.singleton}),
 }
 
 ERROR_TYPES = (

@@ -27,6 +27,7 @@ from arborl.credit.filters import (
     starpo_s_groups,
     starpo_s_groups_reference,
 )
+from arborl.credit.tree import tree, tree_advantages, tree_reference, tree_values
 
 __all__ = [
     "SINGLETON_RULES",
@@ -50,4 +51,8 @@ __all__ = [
     "starpo_s_groups_reference",
     "step_group_advantages",
     "step_group_advantages_reference",
+    "tree",
+    "tree_advantages",
+    "tree_reference",
+    "tree_values",
 ]
