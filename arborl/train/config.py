@@ -90,20 +90,6 @@ class SFTConfig:
     """Steps of linear learning-rate warm-up from 0 to ``lr`` before the cosine decay."""
     weight_decay: float = 0.0
     """AdamW decoupled weight decay."""
-    tree: bool = False
-    """After each group rollout, re-sample ``tree_k`` continuations from ``tree_nodes`` turns of each group
-    (arborl.rollout.tree): the group becomes a tree whose shared prefixes give step-level credit
-    (``rl.credit = "tree"``) where states never repeat. Needs an env reproducible from its seed and
-    actions; no finite action set."""
-    tree_k: int = 2
-    """Tree rollouts: continuations re-sampled from each picked turn."""
-    tree_nodes: int = 2
-    """Tree rollouts: turns picked per group."""
-    tree_select: Literal["uniform", "entropy"] = "uniform"
-    """Tree rollouts: pick turns uniformly at random, or where the policy's entropy (the mean negative
-    log-prob of the turn's sampled tokens) is highest."""
-    tree_episode_weight: float = 1.0
-    """Weight of the episode-level GRPO term in tree credit, A = A^T + w A^E."""
     grad_clip: float = 1.0
     """Clip the global gradient norm of every step to this value."""
     eval_every: int = 100
