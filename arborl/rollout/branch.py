@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from arborl.rollout.config import EpisodeSpec
+from arborl.trajectory.canonical import content_hash
 from arborl.trajectory.schema import Episode, Origin, OriginKind
 
 
@@ -47,9 +48,23 @@ def continuation_spec(trunk: Episode, k: int, kind: OriginKind, action: str | No
     )
 
 
-def continuable(ep: Episode) -> bool:
-    """Whether the env can re-play ``ep`` from its seed: it has one and did not end on an env error."""
-    return ep.stop_reason != "env_error" and ep.seed is not None
+def trunks_to_continue(episodes: Sequence[Episode]) -> list[Episode]:
+    """The episodes that continuations may start from, in order.
+
+    A trunk is a policy sample (no origin) that the env can re-play from its seed (it has one
+    and did not end on an env error), and not a copy of an earlier trunk: the store keeps only
+    the first of equal contents, so a continuation of a copy would name a trunk that is not
+    stored.
+    """
+    seen: set[str] = set()
+    out = []
+    for ep in episodes:
+        if ep.origin is None and ep.stop_reason != "env_error" and ep.seed is not None:
+            h = content_hash(ep)
+            if h not in seen:
+                seen.add(h)
+                out.append(ep)
+    return out
 
 
 def branch_specs(trunks: Sequence[Episode], actions: Sequence[str]) -> list[EpisodeSpec]:
@@ -61,16 +76,14 @@ def branch_specs(trunks: Sequence[Episode], actions: Sequence[str]) -> list[Epis
 
     Returns:
         Specs that continue the shallowest visit of each state and force the untried action.
-        States without a state key, and episodes without a seed or ended on an env error, are not
-        branched.
+        States without a state key, and episodes that are not trunks (:func:`trunks_to_continue`),
+        are not branched.
     """
     if not actions:
         raise ValueError("branch_specs needs the env's action set; the env exposes none (set env.actions)")
     tried: dict[tuple[str, str], set[str]] = {}
     first: dict[tuple[str, str], tuple[Episode, int]] = {}
-    for ep in trunks:
-        if not continuable(ep):  # no seed: the state cannot be re-played
-            continue
+    for ep in trunks_to_continue(trunks):
         for k, turn in enumerate(ep.path()):
             if turn.state_key is None:
                 continue

@@ -44,7 +44,7 @@ from the seed to reach the state they lead to, and the policy continues from the
 the policy's log-probs, so the log-prob invariant holds for them too. This is how
 :mod:`arborl.rollout.branch` tries every action at a visited state and :mod:`arborl.rollout.tree`
 re-samples from a turn. With a ``prefix_cache`` (:class:`~arborl.rollout.kvcache.PrefixCache`),
-every finished episode's cache row is kept under its episode id, and a continuation of it starts
+every finished policy sample's cache row is kept under its episode id, and a continuation of it starts
 from that row: only the tokens the row does not hold are prefilled (the trunk's last turn's
 unfed tail and the continuation's prompt). Without one (or with a scripted policy, which has no
 cache) the prefix is prefilled in one forward pass with the first prompt.
@@ -121,7 +121,7 @@ def run_episodes(
         policy_version: Recorded on every turn and episode.
         iteration: Training iteration recorded on episodes (-1: not training).
         source: Stage recorded on episodes ("rl", "synth", "eval", ...).
-        prefix_cache: Keep every finished episode's cache row here (by episode id), and start
+        prefix_cache: Keep every finished policy sample's cache row here (by episode id), and start
             continuations (specs with a ``prefix``) from their trunk's kept row.
 
     Returns:
@@ -219,9 +219,13 @@ def _forced_ids(lv: _Live, renderer: ChatRenderer) -> list[int] | None:
 
 
 def _keep_row(session: PolicySession, lv: _Live) -> None:
-    """Keep a finished episode's cache row for its continuations (if it generated a turn of its own)."""
+    """Keep a trunk's cache row for its continuations (an episode that generated a turn and continues none).
+
+    A continuation's own row is not kept: branch and tree rollouts continue policy samples only,
+    and a kept row costs ``2 * layers * kv_heads * head_dim`` floats per token.
+    """
     keep = getattr(session, "keep", None)  # a scripted policy has no cache to keep
-    if keep is not None and len(lv.episode.turns) > len(lv.spec.prefix if lv.spec else ()):
+    if keep is not None and lv.episode.origin is None and lv.episode.turns:
         keep(lv.slot, lv.episode.episode_id, _path_tokens(lv.episode.turns))
 
 

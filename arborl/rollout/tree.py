@@ -29,7 +29,7 @@ from typing import Literal, get_args
 
 import torch
 
-from arborl.rollout.branch import continuable, continuation_spec
+from arborl.rollout.branch import continuation_spec, trunks_to_continue
 from arborl.rollout.config import EpisodeSpec
 from arborl.trajectory.schema import Episode, Turn
 
@@ -48,9 +48,8 @@ def tree_specs(trunks: Sequence[Episode], *, k: int, nodes: int, select: TreeSel
     """``k`` continuations from each of ``nodes`` turns per group of ``trunks``.
 
     Args:
-        trunks: Episodes sampled from the policy; their ``group_id`` groups them. Continuations
-            (episodes with an origin), episodes without a seed and those ended on an env error are
-            not expanded.
+        trunks: Episodes sampled from the policy; their ``group_id`` groups them. Only
+            :func:`~arborl.rollout.branch.trunks_to_continue` of them are expanded.
         k: Continuations per picked turn.
         nodes: Turns picked per group (fewer if the group has fewer turns).
         select: ``"uniform"`` or ``"entropy"`` (see the module docstring).
@@ -67,9 +66,8 @@ def tree_specs(trunks: Sequence[Episode], *, k: int, nodes: int, select: TreeSel
     if select not in TREE_SELECTS:
         raise ValueError(f"tree select {select!r} is unknown; choose one of {list(TREE_SELECTS)}")
     groups: dict[str, list[tuple[Episode, int]]] = {}
-    for ep in trunks:
-        if ep.origin is None and continuable(ep):
-            groups.setdefault(ep.group_id or ep.episode_id, []).extend((ep, t) for t in range(len(ep.path())))
+    for ep in trunks_to_continue(trunks):
+        groups.setdefault(ep.group_id or ep.episode_id, []).extend((ep, t) for t in range(len(ep.path())))
     specs = []
     for cands in groups.values():
         if select == "uniform":

@@ -92,3 +92,13 @@ def test_tree_continuations_share_the_prefix_and_their_log_probs_are_the_policys
         view = linearize(ep)
         want = {i for i, t in enumerate(view.turn_index) if t >= ep.origin.turn and view.loss_mask[i]}
         assert set(batch.loss_mask[e].nonzero()[:, 0].tolist()) == want
+
+
+def test_a_copy_of_an_earlier_trunk_is_not_expanded_so_every_continuation_names_a_stored_trunk(tmp_path):
+    a = _hand_episode("a", [[-1.0], [-2.0]])
+    copy = _hand_episode("b", [[-1.0], [-2.0]])
+    copy.turns[0].turn_id, copy.turns[1].turn_id, copy.turns[1].parent_id = "x", "y", "x"  # other ids, same content
+    specs = tree_specs([a, copy], k=1, nodes=4, select="uniform", generator=torch.Generator())
+    assert {s.origin.of for s in specs} == {"a"}
+    with open_store(f"sqlite:///{tmp_path}/t.db") as store:
+        assert store.put_many([a, copy]) == ["a", "a"]  # the store keeps the first of equal contents
