@@ -46,6 +46,8 @@ CREDIT_ESTIMATORS: dict[str, tuple[str, Callable[[RLConfig], dict[str, Any]]]] =
                                      "norm_by_std": rl.norm_by_std, "length_neutral": rl.length_neutral,
                                      "singleton": rl.singleton, "baseline": rl.prm_baseline})
        for name in ("implicit_prm", "istar")},
+    "tree": ("tree", lambda rl: {"episode_weight": rl.tree_episode_weight, "norm_by_std": rl.norm_by_std,
+                                 "length_neutral": rl.length_neutral, "singleton": rl.singleton}),
 }
 
 

@@ -29,6 +29,7 @@ from arborl.credit.filters import (
 )
 from arborl.credit.gae import archer, turn_gae, turn_gae_returns, whiten_by_episode
 from arborl.credit.process import process, process_step_advantages
+from arborl.credit.tree import tree, tree_advantages, tree_reference, tree_values
 
 __all__ = [
     "SINGLETON_RULES",
@@ -58,4 +59,8 @@ __all__ = [
     "turn_gae",
     "turn_gae_returns",
     "whiten_by_episode",
+    "tree",
+    "tree_advantages",
+    "tree_reference",
+    "tree_values",
 ]

@@ -55,6 +55,9 @@ class StepBatch:
         sampled: ``[E]`` bool or None (all sampled): episodes drawn from the policy at the group's
             start state. Only these enter the episode-level (GRPO) statistics; the others (branches,
             which start with a forced action) get episode advantage 0.
+        node: ``[N]`` long or None: the rollout-tree node (0..M-1) of each step; a turn that several
+            episodes share (a continuation's prefix) is one node (:mod:`arborl.credit.tree`).
+        parent: ``[M]`` long or None: the parent node of each node, -1 for a root.
     """
 
     episode: Tensor
@@ -65,6 +68,8 @@ class StepBatch:
     score: Tensor
     active: Tensor | None = None
     sampled: Tensor | None = None
+    node: Tensor | None = None
+    parent: Tensor | None = None
 
     def __post_init__(self) -> None:
         n, e = self.episode.numel(), self.group.numel()
@@ -79,6 +84,8 @@ class StepBatch:
             value = getattr(self, name)
             if value is not None and (value.dtype != torch.bool or value.numel() != size):
                 raise ValueError(f"StepBatch.{name} must be a bool tensor of {size} entries (or None)")
+        if (self.node is None) != (self.parent is None) or (self.node is not None and self.node.numel() != n):
+            raise ValueError(f"StepBatch.node ({n} entries) and StepBatch.parent come together (or both None)")
 
     def turns_per_episode(self) -> Tensor:
         """Active steps per episode."""
@@ -104,6 +111,7 @@ class StepBatch:
             anchor=self.anchor[rows], group=group, score=self.score[kept],
             active=None if self.active is None else self.active[rows],
             sampled=None if self.sampled is None else self.sampled[kept],
+            node=None if self.node is None else self.node[rows], parent=self.parent,
         )
         return sub, rows
 

@@ -3,18 +3,18 @@
 Group sampling compares actions at a state only when group members happen to disagree there;
 once the policy is confident they rarely do, and step-level credit (GiGPO's anchor-state groups)
 goes silent exactly where the policy is confidently wrong. A *branch* restores the comparison:
-it re-plays a trunk episode's first ``k`` turns (same seed, the trunk's exact output tokens, so
-the environment reaches the same state), forces one action the group has not tried at that
-state, and lets the policy continue from there. Its return from turn ``k`` on is a Monte-Carlo
-estimate of ``Q(s, a)`` under the current policy, so the anchor-state group of ``s`` then holds
-every action of a finite action set (the idea behind VinePPO's Monte-Carlo values, Kazemnejad et
-al. 2024, applied per action).
+it continues a trunk episode from its turn ``k`` (the trunk's first ``k`` turns are its own
+first turns, shared; the env re-plays their actions from the same seed to reach the same
+state), forces one action the group has not tried at that state, and lets the policy continue
+from there. Its return from turn ``k`` on is a Monte-Carlo estimate of ``Q(s, a)`` under the
+current policy, so the anchor-state group of ``s`` then holds every action of a finite action
+set (the idea behind VinePPO's Monte-Carlo values, Kazemnejad et al. 2024, applied per action).
 
-A branch records where it comes from in ``Episode.metadata``: ``replayed_turns`` (its first
-turns, recorded with loss mask 0) and ``branch = {"of": trunk episode id, "turn": k, "action":
-a, "state_key": key}``. :func:`branch_diverged` tells when a re-play did not reach the recorded
-state (an env that is not reproducible from its seed and actions); such a branch carries no
-credit.
+A branch records where it comes from in ``Episode.origin``: ``Origin(of=trunk id, turn=k,
+kind="branch", action=a, state_key=key)``. :func:`branch_diverged` tells when a re-play did not
+reach the recorded state (an env that is not reproducible from its seed and actions); such a
+continuation carries no credit. Tree continuations (:mod:`arborl.rollout.tree`) are built by the
+same :func:`continuation_spec`, with ``kind="tree"`` and no forced action.
 """
 
 from __future__ import annotations
@@ -22,7 +22,49 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from arborl.rollout.config import EpisodeSpec
-from arborl.trajectory.schema import Episode
+from arborl.trajectory.canonical import content_hash
+from arborl.trajectory.schema import Episode, Origin, OriginKind
+
+
+def continuation_spec(trunk: Episode, k: int, kind: OriginKind, action: str | None = None) -> EpisodeSpec:
+    """A spec that continues ``trunk`` from path index ``k``: its first ``k`` turns shared, then the policy.
+
+    Args:
+        trunk: The episode continued (it needs a seed: the env re-plays its actions from it).
+        k: Path index of the continuation's first own turn.
+        kind: ``"branch"`` (``action`` is forced at turn ``k``) or ``"tree"`` (turn ``k`` is re-sampled).
+        action: The forced action text of a branch.
+    """
+    path = trunk.path()
+    return EpisodeSpec(
+        task_id=trunk.task_id,
+        task_type=trunk.task_type,
+        group_id=trunk.group_id or trunk.episode_id,
+        seed=trunk.seed,  # type: ignore[arg-type]
+        options=trunk.metadata.get("options"),
+        prefix=tuple(path[:k]),
+        origin=Origin(of=trunk.episode_id, turn=k, kind=kind, action=action, state_key=path[k].state_key),
+        branch_action=action,
+    )
+
+
+def trunks_to_continue(episodes: Sequence[Episode]) -> list[Episode]:
+    """The episodes that continuations may start from, in order.
+
+    A trunk is a policy sample (no origin) that the env can re-play from its seed (it has one
+    and did not end on an env error), and not a copy of an earlier trunk: the store keeps only
+    the first of equal contents, so a continuation of a copy would name a trunk that is not
+    stored.
+    """
+    seen: set[str] = set()
+    out = []
+    for ep in episodes:
+        if ep.origin is None and ep.stop_reason != "env_error" and ep.seed is not None:
+            h = content_hash(ep)
+            if h not in seen:
+                seen.add(h)
+                out.append(ep)
+    return out
 
 
 def branch_specs(trunks: Sequence[Episode], actions: Sequence[str]) -> list[EpisodeSpec]:
@@ -33,17 +75,15 @@ def branch_specs(trunks: Sequence[Episode], actions: Sequence[str]) -> list[Epis
         actions: The env's finite action set, as the texts the env parses (``env.actions``).
 
     Returns:
-        Specs that re-play the shallowest visit of each state and force the untried action.
-        States without a state key, and episodes without a seed or ended on an env error, are not
-        branched.
+        Specs that continue the shallowest visit of each state and force the untried action.
+        States without a state key, and episodes that are not trunks (:func:`trunks_to_continue`),
+        are not branched.
     """
     if not actions:
         raise ValueError("branch_specs needs the env's action set; the env exposes none (set env.actions)")
     tried: dict[tuple[str, str], set[str]] = {}
     first: dict[tuple[str, str], tuple[Episode, int]] = {}
-    for ep in trunks:
-        if ep.stop_reason == "env_error" or ep.seed is None:  # no seed: the state cannot be re-played
-            continue
+    for ep in trunks_to_continue(trunks):
         for k, turn in enumerate(ep.path()):
             if turn.state_key is None:
                 continue
@@ -53,48 +93,30 @@ def branch_specs(trunks: Sequence[Episode], actions: Sequence[str]) -> list[Epis
                 tried[key].add(turn.action)
             if key not in first or k < first[key][1]:
                 first[key] = (ep, k)
-    specs = []
-    for key, (ep, k) in first.items():
-        path = ep.path()
-        replay = tuple(tuple(t.output_ids) for t in path[:k])
-        for action in actions:
-            if action in tried[key]:
-                continue
-            specs.append(EpisodeSpec(
-                task_id=ep.task_id,
-                task_type=ep.task_type,
-                group_id=ep.group_id or ep.episode_id,
-                seed=ep.seed,
-                options=ep.metadata.get("options"),
-                replay=replay,
-                branch_action=action,
-                metadata={"branch": {"of": ep.episode_id, "turn": k, "action": action, "state_key": key[1]}},
-            ))
-    return specs
+    return [continuation_spec(ep, k, "branch", action)
+            for key, (ep, k) in first.items() for action in actions if action not in tried[key]]
 
 
 def credited_turns(ep: Episode) -> tuple[int, int]:
     """``(first, stop)``: the turns of ``ep``'s path that carry credit and are trained on.
 
-    A policy sample: all of them. A branch: only its forced action (``turn``); the re-play before it
-    is the trunk's, and the continuation after it only measures the action's return. A diverged
-    branch: none.
+    A policy sample: all of them. A branch: only its forced action (``origin.turn``); the prefix
+    before it is the trunk's, and the continuation after it only measures the action's return. A
+    tree continuation: its own turns (``origin.turn`` on). A diverged continuation: none.
     """
     n = len(ep.path())
-    info = ep.metadata.get("branch")
-    if not info:
+    o = ep.origin
+    if o is None:
         return 0, n
     if branch_diverged(ep):
         return 0, 0
-    k = int(info["turn"])
-    return k, k + 1
+    return (o.turn, o.turn + 1) if o.kind == "branch" else (o.turn, n)
 
 
 def branch_diverged(ep: Episode) -> bool:
-    """True when a branch's re-play did not reach the state it was meant to branch from."""
-    info = ep.metadata.get("branch")
-    if not info:
+    """True when a continuation's re-play did not reach the state it was meant to continue from."""
+    o = ep.origin
+    if o is None:
         return False
     path = ep.path()
-    k = int(info["turn"])
-    return len(path) <= k or path[k].state_key != info["state_key"]
+    return len(path) <= o.turn or path[o.turn].state_key != o.state_key

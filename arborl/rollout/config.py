@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from arborl.trajectory.schema import Origin, Turn
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -98,11 +100,13 @@ class EpisodeSpec:
     """Seed passed to ``env.reset``."""
     options: dict[str, Any] | None = None
     """Options passed to ``env.reset``."""
-    replay: tuple[tuple[int, ...], ...] = ()
-    """Output token ids fed (not sampled) as the first turns: a branch re-plays its trunk's turns
-    to reach the state it branches from. Replayed turns are recorded with loss mask 0."""
+    prefix: tuple[Turn, ...] = ()
+    """A trunk's turns this episode starts with: shared (the same Turn objects, never generated
+    again), their actions re-played in the env to reach the state the episode continues from."""
+    origin: Origin | None = None
+    """Recorded as ``Episode.origin`` (which trunk, which turn, branch or tree); set with ``prefix``."""
     branch_action: str | None = None
-    """Action text forced as the turn after ``replay`` (trained on, mask 1); the policy samples
+    """Action text forced as the turn after ``prefix`` (trained on, mask 1); the policy samples
     from there on. Used to try every action of a finite action set at a visited state."""
     metadata: dict[str, Any] | None = None
-    """Copied into ``Episode.metadata`` (e.g. which trunk and turn a branch comes from)."""
+    """Copied into ``Episode.metadata``."""

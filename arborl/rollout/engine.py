@@ -36,11 +36,18 @@ Threads. The engine leaves ``torch.set_num_threads`` to the caller. For tiny pol
 CPU, one thread per process is fastest: intra-op threads add a barrier to every small op
 (see ``bench/rollout.py``).
 
-Forced turns. An :class:`~arborl.rollout.config.EpisodeSpec` may carry ``replay`` (output ids
-fed instead of sampled for its first turns, recorded with loss mask 0) and ``branch_action`` (an
-action text forced as the next turn, trained on); the policy samples from there on. Forced
-tokens still get the policy's log-probs, so the log-prob invariant holds for them too. This is
-how :mod:`arborl.rollout.branch` tries every action at a visited state.
+Continuations. An :class:`~arborl.rollout.config.EpisodeSpec` may carry ``prefix`` (a trunk's
+first turns) and ``origin``: the episode then starts with those very turns (shared, not
+generated again; ``Episode.origin`` records where they come from), the env re-plays their actions
+from the seed to reach the state they lead to, and the policy continues from there.
+``branch_action`` forces the first own turn (an action text, trained on); its tokens still get
+the policy's log-probs, so the log-prob invariant holds for them too. This is how
+:mod:`arborl.rollout.branch` tries every action at a visited state and :mod:`arborl.rollout.tree`
+re-samples from a turn. With a ``prefix_cache`` (:class:`~arborl.rollout.kvcache.PrefixCache`),
+every finished policy sample's cache row is kept under its episode id, and a continuation of it starts
+from that row: only the tokens the row does not hold are prefilled (the trunk's last turn's
+unfed tail and the continuation's prompt). Without one (or with a scripted policy, which has no
+cache) the prefix is prefilled in one forward pass with the first prompt.
 
 Errors. An exception in ``reset``, ``step``, ``format_observation`` or ``state_key`` (or in a
 scripted policy) is recorded (``Turn.error``, or ``Episode.metadata["error"]`` when no turn
@@ -74,6 +81,7 @@ from arborl.env.wrappers import guard
 from arborl.policy.chat import ChatRenderer, observation_text
 from arborl.rollout.config import EpisodeSpec, RolloutConfig
 from arborl.rollout.generate import TurnOutput, TurnRequest
+from arborl.rollout.kvcache import PrefixCache
 from arborl.rollout.policy import Policy, PolicySession
 from arborl.rollout.workers import Overdue, WorkerPool
 from arborl.trajectory.schema import Episode, MediaRef, StopReason, ToolCall, Turn, new_id
@@ -91,6 +99,8 @@ class _Live:
     prompt: list[int]
     state_key: str | None
     spec: EpisodeSpec | None = None
+    prefix_ids: list[int] | None = None
+    """The shared prefix's tokens, until the first turn feeds them."""
     n_tokens: int = 0
     returns: float = 0.0
     success: float | None = None
@@ -108,6 +118,7 @@ def run_episodes(
     policy_version: int = 0,
     iteration: int = -1,
     source: str = "rl",
+    prefix_cache: PrefixCache | None = None,
 ) -> list[Episode]:
     """Run one episode per spec, batched, and return them in spec order.
 
@@ -123,9 +134,12 @@ def run_episodes(
         policy_version: Recorded on every turn and episode.
         iteration: Training iteration recorded on episodes (-1: not training).
         source: Stage recorded on episodes ("rl", "synth", "eval", ...).
+        prefix_cache: Keep every finished policy sample's cache row here (by episode id), and start
+            continuations (specs with a ``prefix``) from their trunk's kept row.
 
     Returns:
-        One :class:`~arborl.trajectory.schema.Episode` per spec, each a linear chain of turns.
+        One :class:`~arborl.trajectory.schema.Episode` per spec, each a linear chain of turns (a
+        continuation's first turns are its trunk's).
     """
     if not specs:
         return []
@@ -134,7 +148,7 @@ def run_episodes(
     limit = cfg.max_context_tokens
     if policy.max_context_tokens is not None:
         limit = min(limit, int(policy.max_context_tokens))
-    session = policy.open_session(cfg.sampling, generator)
+    session = policy.open_session(cfg.sampling, generator, prefix_cache)
     results: list[Episode | None] = [None] * len(specs)
     queue = deque(enumerate(specs))
     free = list(range(n_slots - 1, -1, -1))
@@ -146,6 +160,8 @@ def run_episodes(
         lv.episode.stop_reason = stop_reason
         lv.episode.rewards = {"success": lv.success, "return": lv.returns}
         results[index] = lv.episode
+        if prefix_cache is not None and stop_reason != "env_error":
+            _keep_row(session, lv)
         session.release(slot)
         if pool.recycle(slot, failed=stop_reason == "env_error", hung=lv.hung):
             free.append(slot)
@@ -193,8 +209,10 @@ def _play_turn(
     for slot in slots:
         lv = live[slot][1]
         budget = min(cfg.sampling.max_new_tokens, limit - lv.n_tokens - len(lv.prompt) - 1)
+        prefix, lv.prefix_ids = lv.prefix_ids or [], None
         requests.append(TurnRequest(slot=slot, prompt_ids=lv.prompt, max_new_tokens=budget, env=lv.env,
-                                    forced_ids=_forced_ids(lv, renderer)))
+                                    forced_ids=_forced_ids(lv, renderer), prefix_ids=prefix,
+                                    prefix_key=lv.spec.origin.of if prefix and lv.spec and lv.spec.origin else None))
     t0 = time.perf_counter()
     outs = session.generate(requests)
     gen_s = time.perf_counter() - t0
@@ -223,13 +241,9 @@ def _play_turn(
 
 
 def _forced_ids(lv: _Live, renderer: ChatRenderer) -> list[int] | None:
-    """The tokens this turn must feed instead of sampling: a replayed turn or the branch action."""
-    spec, k = lv.spec, len(lv.episode.turns)
-    if spec is None:
-        return None
-    if k < len(spec.replay):
-        return list(spec.replay[k])
-    if k == len(spec.replay) and spec.branch_action is not None:
+    """The tokens this turn must feed instead of sampling: a branch's forced action."""
+    spec = lv.spec
+    if spec is not None and spec.branch_action is not None and len(lv.episode.turns) == len(spec.prefix):
         return renderer.encode_response(spec.branch_action)
     return None
 
@@ -250,6 +264,26 @@ def _start_all(
     return out
 
 
+def _keep_row(session: PolicySession, lv: _Live) -> None:
+    """Keep a trunk's cache row for its continuations (an episode that generated a turn and continues none).
+
+    A continuation's own row is not kept: branch and tree rollouts continue policy samples only,
+    and a kept row costs ``2 * layers * kv_heads * head_dim`` floats per token.
+    """
+    keep = getattr(session, "keep", None)  # a scripted policy has no cache to keep
+    if keep is not None and lv.episode.origin is None and lv.episode.turns:
+        keep(lv.slot, lv.episode.episode_id, _path_tokens(lv.episode.turns))
+
+
+def _path_tokens(turns: list[Turn]) -> list[int]:
+    """Every token of a chain of turns in order: each turn's prompt ids, then its output ids."""
+    ids: list[int] = []
+    for t in turns:
+        ids += t.prompt_ids
+        ids += t.output_ids
+    return ids
+
+
 def _start(
     spec: EpisodeSpec, pool: _EnvPool, slot: int, renderer: ChatRenderer, meta: tuple[int, int, str]
 ) -> _Live | Episode:
@@ -261,20 +295,49 @@ def _start(
     else:
         factory_error = None
     ep = _episode(spec, type(env.unwrapped).__name__ if env is not None else None, meta)
+    lv = _Live(episode=ep, env=env, slot=slot, obs_text="", prompt=[], state_key=None, spec=spec)
     try:
         if factory_error is not None:
             raise RuntimeError(factory_error)
         obs, _ = env.reset(seed=spec.seed, options=spec.options)
         shown = _shown(env, obs)
-        key = _key_text(env.state_key())
-        prompt = renderer.first_prompt(shown)
+        lv.state_key = _key_text(env.state_key())
+        lv.prompt = renderer.first_prompt(shown)
+        lv.obs_text = observation_text(shown)
+        if spec.prefix and _replay_prefix(lv, renderer) is not None:
+            return ep  # the env ended inside the prefix: nothing to continue (a diverged continuation)
     except Exception as exc:  # recorded on the episode; the batch goes on
         ep.stop_reason = "env_error"
-        ep.metadata["error"] = storable_text(factory_error or f"reset failed: {type(exc).__name__}: {exc}")
+        ep.metadata["error"] = storable_text(factory_error or f"reset or prefix re-play failed: {type(exc).__name__}: {exc}")
         ep.rewards = {"success": None, "return": 0.0}
         return ep
-    return _Live(episode=ep, env=env, slot=slot, obs_text=observation_text(shown), prompt=prompt, state_key=key,
-                 spec=spec)
+    return lv
+
+
+def _replay_prefix(lv: _Live, renderer: ChatRenderer) -> StopReason | None:
+    """Re-play a continuation's shared prefix in its env; the turns are the trunk's, not recorded again.
+
+    Returns the stop reason if the env ended before the prefix did (the episode is then finished).
+    """
+    ep, prefix = lv.episode, lv.spec.prefix  # type: ignore[union-attr]
+    for turn in prefix:
+        ep.turns.append(turn)
+        res = lv.env.step(turn.action_text)
+        lv.returns += float(res.reward)
+        info = res.info or {}
+        if info.get("success") is not None:
+            lv.success = 1.0 if info["success"] else 0.0
+        if res.terminated or res.truncated:
+            ep.stop_reason = "terminated" if res.terminated else "truncated"
+            ep.rewards = {"success": lv.success, "return": lv.returns}
+            return ep.stop_reason
+        shown = _shown(lv.env, res.obs)
+        lv.state_key = _key_text(lv.env.state_key())
+        lv.prompt = renderer.next_prompt(shown)
+        lv.obs_text = observation_text(shown)
+    lv.prefix_ids = _path_tokens(list(prefix))
+    lv.n_tokens = len(lv.prefix_ids)
+    return None
 
 
 def _episode(spec: EpisodeSpec, env_name: str | None, meta: tuple[int, int, str]) -> Episode:
@@ -286,8 +349,7 @@ def _episode(spec: EpisodeSpec, env_name: str | None, meta: tuple[int, int, str]
         ep.metadata["options"] = spec.options
     if spec.metadata:
         ep.metadata.update(spec.metadata)
-    if spec.replay or spec.branch_action is not None:
-        ep.metadata["replayed_turns"] = len(spec.replay)
+    ep.origin = spec.origin
     return ep
 
 
@@ -319,8 +381,7 @@ def _record(lv: _Live, out: TurnOutput, gen_s: float, renderer: ChatRenderer, po
         prompt_ids=list(lv.prompt),
         output_ids=out.ids,
         output_logprobs=out.logprobs,
-        # A replayed turn is the trunk's decision, not this episode's: it is never trained on.
-        output_mask=[0] * len(out.ids) if lv.spec is not None and len(ep.turns) < len(lv.spec.replay) else out.mask,
+        output_mask=out.mask,
         state_key=lv.state_key,
         policy_version=policy_version,
         timings={"generate": gen_s},

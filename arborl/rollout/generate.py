@@ -5,10 +5,16 @@
 then decodes all slots together until each has produced an end-of-turn token or hit its token
 budget. The last sampled token of a turn is not fed at once: it is prepended to the slot's next
 prompt chunk, which saves one forward pass per turn.
+
+Continuations (branches, tree rollouts) name the tokens they share with a finished trunk
+(:attr:`TurnRequest.prefix_ids`); with a :class:`~arborl.rollout.kvcache.PrefixCache` the
+session seeds the new row with the trunk's kept keys and values and prefills only what the
+trunk's row does not hold (:meth:`LMSession.keep` keeps a finished row).
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +22,7 @@ import torch
 from transformers import PreTrainedModel
 
 from arborl.rollout.config import SamplingConfig
-from arborl.rollout.kvcache import BatchKVCache
+from arborl.rollout.kvcache import BatchKVCache, KeptRow, PrefixCache
 from arborl.rollout.sampling import sample_next
 
 COMPACT_WASTE = 0.25
@@ -33,7 +39,12 @@ class TurnRequest:
     env: Any = None
     forced_ids: list[int] | None = None
     """Feed these output tokens instead of sampling (end-of-turn token included); their log-probs
-    under the policy are still recorded. Used to replay a prefix or to try a given action."""
+    under the policy are still recorded. Used to try a given action."""
+    prefix_ids: list[int] = field(default_factory=list)
+    """A new slot's tokens before ``prompt_ids`` that it shares with a trunk (its turns so far);
+    fed with the prompt, or taken from the kept row ``prefix_key`` as far as that row holds them."""
+    prefix_key: Hashable | None = None
+    """Key of the trunk's kept row in the session's :class:`~arborl.rollout.kvcache.PrefixCache`."""
 
 
 @dataclass
@@ -59,6 +70,8 @@ class LMSession:
         reuse_cache: Keep each slot's cache across turns (``False``: drop the cache and prefill
             the whole history every turn; slower, for tests and benchmarks).
         num_threads: torch intra-op threads during :meth:`generate` (``None``: unchanged).
+        prefix_cache: Kept rows of finished trunks (:meth:`keep` adds to it; new slots with a
+            ``prefix_key`` are seeded from it). ``None``: every prefix is prefilled.
     """
 
     def __init__(
@@ -71,8 +84,10 @@ class LMSession:
         generator: torch.Generator,
         reuse_cache: bool = True,
         num_threads: int | None = None,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.model = model
+        self.prefix_cache = prefix_cache if reuse_cache else None
         self.num_threads = num_threads
         self.end_token_ids = list(end_token_ids)
         self.pad_token_id = int(pad_token_id)
@@ -99,6 +114,24 @@ class LMSession:
         self._pending.pop(slot, None)
         self._history.pop(slot, None)
 
+    def keep(self, slot: int, key: Hashable, ids: list[int]) -> None:
+        """Keep ``slot``'s cache row in the prefix cache under ``key`` (call before :meth:`release`).
+
+        Args:
+            slot: A slot that has generated at least one turn.
+            key: The key continuations name (the episode id).
+            ids: The slot's tokens in order (its turns' prompt and output ids); the row holds the
+                first ``n`` of them, all but the last turn's unfed tail.
+        """
+        if self.prefix_cache is None or slot not in self._rows or slot in self._released:
+            return
+        row = self._rows.index(slot)
+        cols = self._mask[row].nonzero()[:, 0]
+        n = int(self._n_real[row])
+        if n != cols.numel() or n > len(ids):
+            raise RuntimeError(f"slot {slot}: the cache row holds {cols.numel()} tokens, not {n}; this is a bug")
+        self.prefix_cache.rows[key] = KeptRow(ids=list(ids[:n]), layers=self._cache.row_columns(row, cols))
+
     def generate(self, requests: list[TurnRequest]) -> list[TurnOutput]:
         """Generate one turn for every live slot; returns outputs in request order."""
         if not requests:
@@ -124,12 +157,14 @@ class LMSession:
             raise ValueError(f"slots {missing} are live but got no turn request; release() finished slots first")
         new = [s for s in by_slot if s not in self._rows]
         self._add_rows(new)
+        unfed = {s: self._seed(s, by_slot[s]) for s in new}
         chunks = []
         for s in self._rows:
             if self.reuse_cache:
-                chunk = self._pending.pop(s, []) + list(by_slot[s].prompt_ids)
+                chunk = self._pending.pop(s, []) + unfed.get(s, []) + list(by_slot[s].prompt_ids)
             else:
-                chunk = self._history.setdefault(s, []) + self._pending.pop(s, []) + list(by_slot[s].prompt_ids)
+                history = self._history.setdefault(s, list(by_slot[s].prefix_ids))
+                chunk = history + self._pending.pop(s, []) + list(by_slot[s].prompt_ids)
                 self._history[s] = list(chunk)
             if not chunk:
                 raise ValueError(f"slot {s}: empty prompt chunk; every turn needs at least one new token")
@@ -175,6 +210,26 @@ class LMSession:
         self._rows += slots
         self._mask = torch.cat([self._mask, self._mask.new_zeros(k, self._mask.shape[1])])
         self._n_real = torch.cat([self._n_real, self._n_real.new_zeros(k)])
+
+    def _seed(self, slot: int, req: TurnRequest) -> list[int]:
+        """Seed a new slot's row from the kept row its prefix names; returns the prefix tokens left to feed."""
+        ids = list(req.prefix_ids)
+        pc = self.prefix_cache
+        if pc is None or not ids:
+            return ids
+        n, kept = pc.match(req.prefix_key, ids)
+        pc.reused_tokens += n
+        pc.prefilled_tokens += len(ids) - n
+        if kept is None or n == 0:
+            return ids
+        row, length = self._rows.index(slot), max(self._mask.shape[1], n)
+        self._cache.seed_row(row, len(self._rows), length, [(k[:, :n], v[:, :n]) for k, v in kept.layers])
+        if length > self._mask.shape[1]:
+            self._mask = torch.cat([self._mask, self._mask.new_zeros(len(self._rows), length - self._mask.shape[1])], 1)
+        self._mask[row, length - n:] = 1
+        self._mask[row, :length - n] = 0
+        self._n_real[row] = n
+        return ids[n:]
 
     def _waste(self) -> float:
         return 1.0 - float(self._mask.float().mean())

@@ -4,9 +4,16 @@ Hugging Face's ``DynamicLayer`` concatenates every new key onto the whole cache,
 it at each decoding step. :class:`BufferLayer` instead keeps keys and values in a
 ``(B, H_kv, capacity, D)`` buffer, grown by doubling, and writes new columns in place; the model
 sees ``buffer[:, :, :length]`` views, which batched matmul reads without copying.
+
+:class:`PrefixCache` keeps the keys and values of finished episodes (one row each, real columns
+only, in token order) so that continuations of them (branches, tree rollouts) start from the
+trunk's cache instead of prefilling its tokens again (:meth:`BatchKVCache.seed_row`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -74,6 +81,31 @@ class BufferLayer(DynamicLayer):
         self._k, self._v, self.length = k, v, n
         self._views()
 
+    def row_columns(self, row: int, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of row ``row``'s keys and values at columns ``cols``: ``(H, n, D)`` each."""
+        return self._k[row][:, cols].clone(), self._v[row][:, cols].clone()
+
+    def extend(self, length: int, rows: int, like: torch.Tensor, v_dim: int) -> None:
+        """Grow to ``length`` columns (new ones zero, to be masked); allocate ``rows`` rows like ``like`` if empty."""
+        if not self.is_initialized:
+            h, _, d = like.shape
+            self.device = like.device
+            cap = max(MIN_CAPACITY, length)
+            self._k, self._v = like.new_zeros(rows, h, cap, d), like.new_zeros(rows, h, cap, v_dim)
+            self.length, self.is_initialized = 0, True
+        self._reserve(length)
+        if length > self.length:
+            self._k[:, :, self.length:length] = 0
+            self._v[:, :, self.length:length] = 0
+            self.length = length
+        self._views()
+
+    def seed_row(self, row: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write ``(H, n, D)`` keys and values into the last ``n`` columns of row ``row``."""
+        n = k.shape[1]
+        self._k[row, :, self.length - n:self.length] = k
+        self._v[row, :, self.length - n:self.length] = v
+
     def _reserve(self, needed: int) -> None:
         cap = self._k.shape[2]
         if needed <= cap:
@@ -120,3 +152,61 @@ class BatchKVCache(Cache):
         """Reorder or drop cached positions per row (``idx``: ``[B, L]`` column indices) in every layer."""
         for layer in self.buffer_layers():
             layer.gather_columns(idx)
+
+    def row_columns(self, row: int, cols: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, copies of row ``row``'s keys and values at columns ``cols``."""
+        return [layer.row_columns(row, cols) for layer in self.buffer_layers() if layer.is_initialized]
+
+    def seed_row(self, row: int, rows: int, length: int, kept: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Give row ``row`` (of ``rows``) the kept keys and values in its last columns, the cache ``length`` wide.
+
+        Every layer grows to ``length`` columns first (the new ones are padding for the other rows);
+        the caller extends the attention mask to match.
+        """
+        while len(self.layers) < len(kept):
+            self.layers.append(BufferLayer())
+        for layer, (k, v) in zip(self.buffer_layers(), kept, strict=True):
+            layer.extend(length, rows, k, v.shape[-1])
+            layer.seed_row(row, k, v)
+
+
+@dataclass
+class KeptRow:
+    """One finished episode's cache: the tokens it holds and, per layer, their keys and values."""
+
+    ids: list[int]
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class PrefixCache:
+    """Kept caches of finished episodes by key (an episode id), for their continuations.
+
+    The trunk's rollout keeps each finished episode's row (:meth:`LMSession.keep`); a
+    continuation whose prefix tokens start with a kept row's tokens is seeded with the longest
+    common prefix and prefills only the rest. Counters say how many prefix tokens were taken
+    from kept rows and how many had to be prefilled. Memory: per kept token, ``2 * layers *
+    kv_heads * head_dim`` floats (about 4 KiB for the demo's policy).
+    """
+
+    rows: dict[Hashable, KeptRow] = field(default_factory=dict)
+    reused_tokens: int = 0
+    """Prefix tokens of continuations taken from kept rows (prefill saved)."""
+    prefilled_tokens: int = 0
+    """Prefix tokens of continuations that were prefilled (no kept row, or past its end)."""
+
+    def match(self, key: Hashable | None, ids: list[int]) -> tuple[int, KeptRow | None]:
+        """``(n, row)``: how many of ``ids`` the kept row ``key`` holds from the start (0 and None if none)."""
+        row = self.rows.get(key) if key is not None else None
+        if row is None:
+            return 0, None
+        n = 0
+        for a, b in zip(row.ids, ids, strict=False):
+            if a != b:
+                break
+            n += 1
+        return n, row
+
+    def clear(self) -> None:
+        """Drop every kept row (the counters stay)."""
+        self.rows.clear()

@@ -17,6 +17,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from arborl.policy.chat import ChatRenderer
 from arborl.rollout.config import SamplingConfig
 from arborl.rollout.generate import LMSession, TurnOutput, TurnRequest
+from arborl.rollout.kvcache import PrefixCache
 
 
 class PolicySession(Protocol):
@@ -38,8 +39,9 @@ class Policy(Protocol):
     max_context_tokens: int | None
     """Longest sequence the policy can attend over (``None``: unbounded)."""
 
-    def open_session(self, sampling: SamplingConfig, generator: torch.Generator) -> PolicySession:
-        """Fresh generation state for one batch of episodes."""
+    def open_session(self, sampling: SamplingConfig, generator: torch.Generator,
+                     prefix_cache: PrefixCache | None = None) -> PolicySession:
+        """Fresh generation state for one batch of episodes (kept trunk caches in ``prefix_cache``)."""
         ...
 
 
@@ -80,8 +82,12 @@ class ModelPolicy:
         self.pad_token_id = int(pad)
         self.max_context_tokens = getattr(model.config, "max_position_embeddings", None)
 
-    def open_session(self, sampling: SamplingConfig, generator: torch.Generator) -> LMSession:
-        """A generation session over this model (one batch of episodes, its own KV cache)."""
+    def open_session(self, sampling: SamplingConfig, generator: torch.Generator,
+                     prefix_cache: PrefixCache | None = None) -> LMSession:
+        """A generation session over this model (one batch of episodes, its own KV cache).
+
+        With ``prefix_cache``, finished rows can be kept there and continuations start from them.
+        """
         return LMSession(
             self.model,
             end_token_ids=self.renderer.end_token_ids,
@@ -90,6 +96,7 @@ class ModelPolicy:
             generator=generator,
             reuse_cache=self.reuse_cache,
             num_threads=self.num_threads,
+            prefix_cache=prefix_cache,
         )
 
 
@@ -108,8 +115,9 @@ class ScriptedPolicy:
         self.fn = fn
         self.renderer = renderer
 
-    def open_session(self, sampling: SamplingConfig, generator: torch.Generator) -> _ScriptedSession:
-        """A session that answers with the scripted function (sampling is ignored)."""
+    def open_session(self, sampling: SamplingConfig, generator: torch.Generator,
+                     prefix_cache: PrefixCache | None = None) -> _ScriptedSession:
+        """A session that answers with the scripted function (sampling and ``prefix_cache`` are ignored)."""
         return _ScriptedSession(self.fn, self.renderer)
 
 
@@ -121,7 +129,7 @@ class _ScriptedSession:
     def generate(self, requests: list[TurnRequest]) -> list[TurnOutput]:
         outs = []
         for req in requests:
-            if req.forced_ids is not None:  # replay or try a given action: no script call
+            if req.forced_ids is not None:  # try a given action: no script call
                 ids = list(req.forced_ids)
                 outs.append(TurnOutput(ids=ids, logprobs=[0.0] * len(ids), mask=[1] * len(ids)))
                 continue

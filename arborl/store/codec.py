@@ -37,15 +37,19 @@ from arborl.trajectory.schema import (
     TURN_FIELDS,
     Episode,
     MediaRef,
+    Origin,
     SchemaError,
     ToolCall,
     Turn,
+    plain,
+    upgrade_record,
 )
 
 _json = compact_json_encoder(sort_keys=False)
 _TURN_KEYS = frozenset(TURN_FIELDS)
 if EPISODE_FIELDS != ("episode_id", "task_id", "task_type", "group_id", "seed", "rewards", "stop_reason",
-                       "policy_version", "iteration", "source", "tags", "created_at", "metadata", "schema_version"):
+                       "policy_version", "iteration", "source", "tags", "created_at", "metadata", "origin",
+                       "schema_version"):
     raise ImportError("Episode's fields changed: update _meta below to write every one of them "
                       "(docs/trajectory.md: adding a field)")
 _EPISODE_KEYS = frozenset(EPISODE_FIELDS) | {"turns"}
@@ -123,7 +127,9 @@ def _meta(ep: Episode) -> str:
                 f'"group_id":{v(ep.group_id)},"seed":{v(ep.seed)},"rewards":{v(ep.rewards)},'
                 f'"stop_reason":{v(ep.stop_reason)},"policy_version":{v(ep.policy_version)},'
                 f'"iteration":{v(ep.iteration)},"source":{v(ep.source)},"tags":{v(ep.tags)},'
-                f'"created_at":{v(ep.created_at)},"metadata":{v(ep.metadata)},"schema_version":{v(ep.schema_version)}}}')
+                f'"created_at":{v(ep.created_at)},"metadata":{v(ep.metadata)},'
+                f'"origin":{"null" if ep.origin is None else _json(plain(ep.origin))},'
+                f'"schema_version":{v(ep.schema_version)}}}')
     except (ValueError, TypeError) as e:
         raise SchemaError(f"episode {ep.episode_id} is not JSON-able with finite numbers: {e}") from e
 
@@ -133,10 +139,29 @@ def _timings(ep: Episode, t: Turn) -> str:
     return "{}" if type(tim) is dict and not tim else _dumps(tim, f"episode {ep.episode_id} turn {t.turn_id}")
 
 
-def _turn_cols(ep: Episode, canon: list[CanonicalTurn]) -> list[TurnCols]:
-    pos = {t.turn_id: i for i, t in enumerate(ep.path())}
-    return [(pos.get(t.turn_id), t.turn_id, t.parent_id, float(t.reward), _timings(ep, t), c.record)
-            for t, c in zip(ep.turns, canon, strict=True)]
+def shared_prefix(ep: Episode) -> int:
+    """How many of ``ep``'s first turns are its trunk's (kept in the trunk's record, not in ``ep``'s).
+
+    An episode with an :class:`~arborl.trajectory.schema.Origin` whose path starts with a prefix
+    ending in a turn of the trunk shares the ``origin.turn`` turns of its path before its own:
+    the rollout engine puts the trunk's very turns there. A version-1 branch (its re-played turns
+    copied under new ids, the first a root) and an episode without origin share none.
+    """
+    o = ep.origin
+    if o is None or o.turn == 0 or ep.schema_version < 2 or len(ep.turns) <= o.turn:
+        return 0
+    return o.turn
+
+
+def _turn_cols(ep: Episode, canon: list[CanonicalTurn], skip: int) -> tuple[list[TurnCols], list[CanonicalTurn]]:
+    """The stored columns and canonical pieces of the turns ``ep``'s record keeps (all but a shared prefix)."""
+    path = ep.path()
+    pos = {t.turn_id: i for i, t in enumerate(path)}
+    prefix = {t.turn_id for t in path[:skip]}
+    kept = [(t, c) for t, c in zip(ep.turns, canon, strict=True) if t.turn_id not in prefix] if skip else \
+        list(zip(ep.turns, canon, strict=True))
+    cols = [(pos.get(t.turn_id), t.turn_id, t.parent_id, float(t.reward), _timings(ep, t), c.record) for t, c in kept]
+    return cols, [c for _, c in kept]
 
 
 def prepare(item: Episode | dict[str, Any]) -> Prepared:
@@ -151,17 +176,17 @@ def prepare(item: Episode | dict[str, Any]) -> Prepared:
         raise SchemaError(f"put_many takes Episode objects or episode dicts, got {type(ep).__name__}")
     canon = _canonical(ep)
     ep.validate(checked=[c.checked for c in canon])
-    turns = _turn_cols(ep, canon)
+    turns, stored = _turn_cols(ep, canon, shared_prefix(ep))
     meta = _meta(ep)
-    path_rewards = [t[3] for t in turns if t[0] is not None]  # creation order is root-to-leaf order on a path
+    path_rewards = [t.reward for t in ep.path()]
     row = IndexRow(
         episode_id=ep.episode_id, task_id=ep.task_id, task_type=ep.task_type, group_id=ep.group_id,
         source=ep.source, iteration=ep.iteration, policy_version=ep.policy_version,
         reward=float(sum(path_rewards)), success=ep.success, n_turns=len(path_rewards),
-        n_nodes=len(ep.turns), stop_reason=ep.stop_reason, content_hash=content_hash(ep, canon),
+        n_nodes=len(turns), stop_reason=ep.stop_reason, content_hash=content_hash(ep, canon),
         created_at=float(ep.created_at), tags=list(ep.tags), schema_version=ep.schema_version,
     )
-    return Prepared(ep, row, meta, canon, turns)
+    return Prepared(ep, row, meta, stored, turns)
 
 
 @contextmanager
@@ -220,11 +245,13 @@ def episode_from(episode_id: str, schema_version: int, meta: str | dict[str, Any
         SchemaError: the record was written by a newer arborl, or does not parse.
     """
     check_schema_version(episode_id, schema_version)
-    d = dict(_load(meta))
+    d = upgrade_record(dict(_load(meta)))
     try:
         if d.get("schema_version") != schema_version or not d.keys() <= _EPISODE_KEYS:
             raise SchemaError("meta does not match the index row")
-        return Episode(**d, turns=[_fast_turn(td) for td in turns])
+        origin = d.get("origin")
+        return Episode(**{**d, "origin": None if origin is None else Origin(**origin)},
+                       turns=[_fast_turn(td) for td in turns])
     except (TypeError, SchemaError):
         d["turns"] = turns
         return Episode.from_dict(d)  # the schema's parser names what is wrong

@@ -3,7 +3,9 @@
 A backend subclasses :class:`BaseStore` and provides the abstract methods, among them ``_rows``
 (one keyset page of index rows in either order) and ``_fetch`` (whole episodes by id);
 what the protocol derives from those (query pages, cursors, iteration, media, export) lives
-here once.
+here once, and so does the splicing of shared prefixes: a branch or tree continuation's record
+keeps only its own turns (:func:`~arborl.store.codec.shared_prefix`), and every read puts its
+trunk's prefix turns back in front of them (:meth:`BaseStore._with_prefixes`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from arborl.store.base import (
     Page,
     ProfileRow,
     StoreConfig,
+    StoreError,
     check_limit,
     decode_cursor,
     encode_cursor,
@@ -83,7 +86,7 @@ class BaseStore(ABC):
             SchemaError: a record was written by a newer arborl.
         """
         ids = list(episode_ids)
-        got = self._fetch(ids)
+        got = self._with_prefixes(self._fetch(ids))
         missing = next((eid for eid in ids if eid not in got), None)
         if missing is not None:
             raise EpisodeNotFound(missing)
@@ -95,8 +98,37 @@ class BaseStore(ABC):
         So a query page or an iteration over a store that another process expires meanwhile
         returns whole episodes only, and never fails on one that vanished.
         """
-        got = self._fetch([r.episode_id for r in rows]) if rows else {}
+        got = self._with_prefixes(self._fetch([r.episode_id for r in rows])) if rows else {}
         return [got[r.episode_id] for r in rows if r.episode_id in got]
+
+    def _with_prefixes(self, got: dict[str, Episode]) -> dict[str, Episode]:
+        """``got`` with each continuation's shared prefix turns spliced in front of its own, in place.
+
+        A continuation's first stored turn names a turn of its trunk (``origin.of``) as parent;
+        the trunk's path to that turn is read (from ``got`` or the store, level by level for
+        continuations of continuations) and becomes the continuation's first turns.
+
+        Raises:
+            StoreError: the trunk or its turn is no longer stored (expired before its continuation).
+        """
+        known = dict(got)
+        for _ in range(_MAX_DEPTH):
+            todo = [ep for ep in known.values() if _dangling(ep)]
+            if not todo:
+                return got
+            wanted = sorted({ep.origin.of for ep in todo} - known.keys())  # type: ignore[union-attr]
+            if wanted:
+                known.update(self._fetch(wanted))
+            spliced = 0
+            for ep in todo:
+                trunk = known.get(ep.origin.of)  # type: ignore[union-attr]
+                if trunk is None or not _dangling(trunk):
+                    _splice(ep, trunk)
+                    spliced += 1
+            if not spliced and not wanted:
+                break
+        raise StoreError(f"a chain of continuations in {sorted(got)} does not end in a stored trunk within "
+                         f"{_MAX_DEPTH} levels; check their origins")
 
     def _page(self, limit: int, cursor: str | None, filters: dict[str, Any]) -> tuple[list[IndexRow], str | None]:
         check_limit(limit)
@@ -183,6 +215,28 @@ class BaseStore(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_MAX_DEPTH = 64
+"""Deepest chain of continuations of continuations that a read follows."""
+
+
+def _dangling(ep: Episode | None) -> bool:
+    """A continuation read without its shared prefix: its first turn's parent is in its trunk."""
+    return ep is not None and ep.origin is not None and bool(ep.turns) and ep.turns[0].parent_id is not None
+
+
+def _splice(ep: Episode, trunk: Episode | None) -> None:
+    """Put ``trunk``'s path up to ``ep``'s first parent in front of ``ep``'s turns."""
+    parent = ep.turns[0].parent_id
+    try:
+        if trunk is None:
+            raise KeyError(parent)
+        prefix = trunk.path(parent)
+    except KeyError:
+        raise StoreError(f"episode {ep.episode_id} continues turn {parent} of episode {ep.origin.of}, which is not "  # type: ignore[union-attr]
+                         "stored; expire continuations with their trunks") from None
+    ep.turns[:0] = prefix
 
 
 def sql_where(f: Filters, ph: str) -> tuple[list[str], list[Any]]:

@@ -24,6 +24,7 @@ created_at         timestamp[us]    episode creation time, UTC
 tags               list<string>     episode tags
 rewards            string           the episode's ``rewards`` dict as JSON
 metadata           string           the episode's ``metadata`` dict as JSON
+origin             string (nullable) the episode's ``origin`` (branch/tree provenance) as JSON; null if none
 turn_id            string           turn id
 parent_id          string           parent turn id (null for a root)
 turn_seq           int32            creation order of the turn within the episode
@@ -65,7 +66,7 @@ import json
 from typing import Any
 
 from arborl.store.base import StoreError
-from arborl.trajectory.schema import TURN_FIELDS, Episode
+from arborl.trajectory.schema import TURN_FIELDS, Episode, plain
 
 TURN_COLUMNS: dict[str, tuple[str, ...]] = {
     "turn_id": ("turn_id",), "parent_id": ("parent_id",), "index": ("depth",), "observation": ("observation",),
@@ -100,7 +101,7 @@ def _schema() -> Any:
         ("episode_id", s), ("task_id", s), ("task_type", s), ("group_id", s), ("source", s),
         ("iteration", i64), ("policy_version", i64), ("episode_reward", pa.float64()),
         ("success", pa.bool_()), ("stop_reason", s), ("seed", i64), ("created_at", pa.timestamp("us", tz="UTC")),
-        ("tags", pa.list_(s)), ("rewards", s), ("metadata", s), ("turn_id", s), ("parent_id", s), ("turn_seq", i32),
+        ("tags", pa.list_(s)), ("rewards", s), ("metadata", s), ("origin", s), ("turn_id", s), ("parent_id", s), ("turn_seq", i32),
         ("path_index", i32), ("depth", i32), ("observation", s), ("action_text", s), ("action", s),
         ("tool_name", s), ("tool_arguments", s), ("tool_call_id", s), ("valid", pa.bool_()), ("result", s),
         ("reward", pa.float64()), ("terminated", pa.bool_()), ("truncated", pa.bool_()), ("error", s),
@@ -123,6 +124,7 @@ def episode_rows(ep: Episode) -> list[dict[str, Any]]:
         "episode_reward": reward, "success": ep.success, "stop_reason": ep.stop_reason, "seed": ep.seed,
         "created_at": datetime.fromtimestamp(ep.created_at, tz=UTC), "tags": list(ep.tags),
         "rewards": json.dumps(ep.rewards), "metadata": json.dumps(ep.metadata),
+        "origin": None if ep.origin is None else json.dumps(plain(ep.origin)),
     }
     rows = []
     for k, t in enumerate(ep.turns):

@@ -62,8 +62,9 @@ def length_chunks(batch: TokenBatch, size: int) -> list[Tensor]:
 def collate(episodes: Sequence[Episode], *, pad_id: int = 0) -> TokenBatch:
     """Flatten each episode's main path into padded tensors; steps are numbered globally in order.
 
-    A branch episode is cut after its forced action turn: nothing later is trained on, so it
-    need not be in the forward pass.
+    A continuation's shared prefix (its trunk's turns) is context only (loss mask 0: the trunk
+    trains on them), and a branch episode is cut after its forced action turn: nothing later is
+    trained on, so it need not be in the forward pass.
     """
     views = [_trained_view(ep) for ep in episodes]
     width = max((len(v.input_ids) for v in views), default=1) or 1
@@ -87,11 +88,12 @@ def collate(episodes: Sequence[Episode], *, pad_id: int = 0) -> TokenBatch:
 
 def _trained_view(ep: Episode) -> LinearView:
     view = linearize(ep)
-    first, stop = credited_turns(ep)
-    if "branch" not in ep.metadata or stop >= len(view.turns):
+    if ep.origin is None:
         return view
-    n = sum(1 for k in view.turn_index if k < stop)
-    return LinearView(view.input_ids[:n], view.loss_mask[:n], view.logprobs[:n], view.turn_index[:n], view.turns)
+    first, stop = credited_turns(ep)
+    n = sum(1 for k in view.turn_index if k < stop) if stop < len(view.turns) else len(view.input_ids)
+    mask = [m if k >= first else 0 for m, k in zip(view.loss_mask[:n], view.turn_index, strict=False)]
+    return LinearView(view.input_ids[:n], mask, view.logprobs[:n], view.turn_index[:n], view.turns)
 
 
 FAILED_STOPS = ("env_error", "max_context")
@@ -115,27 +117,39 @@ def step_batch(
     own step's return. An episode with ``zero[e]`` true is scored 0: score and step rewards
     (``rl.error_policy = "zero"`` for failed episodes).
 
-    Branch episodes (:mod:`arborl.rollout.branch`) are not policy samples from the start state
-    (``sampled`` False), and only their forced action gets credit (``active``); the rewards of
-    their continuation still count in its return. A branch whose re-play diverged gets none.
+    Continuations (``Episode.origin``: branches of :mod:`arborl.rollout.branch`, tree continuations
+    of :mod:`arborl.rollout.tree`) are not policy samples from the start state (``sampled``
+    False); their shared prefix is the trunk's and gets no credit here (``active``), and a
+    branch's credit is its forced action only. The rewards after it still count in its return. A
+    continuation whose re-play diverged gets none. ``node``/``parent`` give the rollout tree: a
+    shared prefix turn has one node, the trunk's.
     """
     group_ids: dict[str, int] = {}
     anchor_ids: dict[str, int] = {}
-    ep_idx, step, reward, anchor, group, score, active, sampled = [], [], [], [], [], [], [], []
+    node_ids: dict[tuple[str, str], int] = {}
+    parent: list[int] = []
+    by_id = {ep.episode_id: ep for ep in episodes}
+    ep_idx, step, reward, anchor, group, score, active, sampled, node = [], [], [], [], [], [], [], [], []
     for e, ep in enumerate(episodes):
         group.append(group_ids.setdefault(ep.group_id or ep.episode_id, len(group_ids)))
         base = ep.rewards.get(score_key)
-        replayed = int(ep.metadata.get("replayed_turns", 0))
-        sampled.append("branch" not in ep.metadata and replayed == 0)
+        own_from = 0 if ep.origin is None else ep.origin.turn
+        sampled.append(ep.origin is None)
         first, stop = credited_turns(ep)
-        penalty, scored = 0.0, not (zero is not None and zero[e])
+        penalty, up, scored = 0.0, -1, not (zero is not None and zero[e])
         for k, t in enumerate(ep.path()):
             ep_idx.append(e)
             step.append(k)
             reward.append(t.reward if scored else 0.0)
             anchor.append(anchor_ids.setdefault(t.state_key or f"{ep.episode_id}:{k}", len(anchor_ids)))
             active.append(first <= k < stop)
-            penalty += 0.0 if t.valid or k < replayed else invalid_penalty
+            penalty += 0.0 if t.valid or k < own_from else invalid_penalty
+            key = (_owner(ep, k, by_id), t.turn_id)
+            if key not in node_ids:
+                node_ids[key] = len(parent)
+                parent.append(up)
+            up = node_ids[key]
+            node.append(up)
         score.append((base or 0.0) + penalty if scored else 0.0)
     return StepBatch(
         episode=torch.tensor(ep_idx, dtype=torch.long),
@@ -146,7 +160,19 @@ def step_batch(
         score=torch.tensor(score, dtype=torch.float32),
         active=None if all(active) else torch.tensor(active, dtype=torch.bool),
         sampled=None if all(sampled) else torch.tensor(sampled, dtype=torch.bool),
+        node=torch.tensor(node, dtype=torch.long),
+        parent=torch.tensor(parent, dtype=torch.long),
     )
+
+
+def _owner(ep: Episode, k: int, by_id: dict[str, Episode]) -> str:
+    """Id of the episode whose own turn is path index ``k`` of ``ep`` (a shared prefix turn is its trunk's)."""
+    eid, o = ep.episode_id, ep.origin
+    while o is not None and k < o.turn:
+        eid = o.of
+        trunk = by_id.get(eid)
+        o = None if trunk is None else trunk.origin
+    return eid
 
 
 def broadcast(step_values: Tensor, step_of_token: Tensor) -> Tensor:

@@ -39,7 +39,11 @@ METRICS = {
     # RL rollouts of the iteration (sampling, training tasks)
     "train/success": "success rate of the group rollouts of this RL iteration (sampling, training tasks; no branches)",
     "train/reward": "mean return of the same group rollouts",
-    "train/branches": "branch episodes rolled out this iteration (rl.branch: untried actions at visited states)",
+    "train/branches": "continuations rolled out this iteration (rl.branch: untried actions at visited states; "
+                      "rl.tree: re-sampled turns)",
+    "train/prefix_reused": "shared prefix tokens of this iteration's continuations taken from the trunks' kept KV "
+                           "caches (prefill saved)",
+    "train/prefix_prefilled": "shared prefix tokens of this iteration's continuations that were prefilled again",
     "train/invalid_frac": "fraction of this iteration's turns (branches included) whose action was invalid",
     "train/turns": "mean turns per group-rollout episode",
     "train/adv_abs": "mean |advantage| over trained tokens",

@@ -137,11 +137,12 @@ class RLConfig:
     non-negative; ``abs`` = |log-ratio|); see ``arborl.loss.kl_estimate``."""
     entropy_coef: float = 0.0
     """Weight of the token-entropy bonus (subtracted from the loss; 0 disables it)."""
-    credit: Literal["grpo", "rloo", "dr_grpo", "gigpo", "best_step", "turn_ppo", "archer", "prm", "implicit_prm",
-                    "istar"] = "gigpo"
+    credit: Literal["grpo", "rloo", "dr_grpo", "gigpo", "best_step", "tree", "turn_ppo", "archer", "prm",
+                    "implicit_prm", "istar"] = "gigpo"
     """Credit estimator (see arborl.credit and docs/credit.md): ``grpo`` (group mean and std), ``rloo``
     (leave-one-out mean), ``dr_grpo`` (group mean only: ignores ``norm_by_std`` and ``length_neutral``),
-    ``gigpo`` (episode + anchor-state step advantage), ``best_step`` (best return of each state), ``turn_ppo``
+    ``gigpo`` (episode + anchor-state step advantage), ``best_step`` (best return of each state), ``tree``
+    (value of a turn's subtree minus its parent's, over tree rollouts: ``rl.tree``), ``turn_ppo``
     (turn-level GAE on a learned critic V), ``archer`` (Q - V of an off-policy turn-level critic);
     process rewards (arborl.prm; A = A^E + prm_weight * A^P): ``prm`` (explicit step scorer trained on
     Monte-Carlo targets, AgentPRM), ``implicit_prm`` (PRIME: beta * log-ratio of a model trained with
@@ -240,6 +241,20 @@ class RLConfig:
     """Finish branches with greedy decoding: the return then measures ``Q(s, a)`` of the greedy
     policy (the one evaluated) without sampling noise. Needs ``rollout.sampling.temperature = 1``
     so the forced action's recorded log-prob matches the trainer's."""
+    tree: bool = False
+    """After each group rollout, re-sample ``tree_k`` continuations from ``tree_nodes`` turns of each group
+    (arborl.rollout.tree): the group becomes a tree whose shared prefixes give step-level credit
+    (``rl.credit = "tree"``) where states never repeat. Needs an env reproducible from its seed and
+    actions; no finite action set."""
+    tree_k: int = 2
+    """Tree rollouts: continuations re-sampled from each picked turn."""
+    tree_nodes: int = 2
+    """Tree rollouts: turns picked per group."""
+    tree_select: Literal["uniform", "entropy"] = "uniform"
+    """Tree rollouts: pick turns uniformly at random, or where the policy's entropy (the mean negative
+    log-prob of the turn's sampled tokens) is highest."""
+    tree_episode_weight: float = 1.0
+    """Weight of the episode-level GRPO term in tree credit, A = A^T + w A^E."""
     grad_clip: float = 1.0
     """Clip the global gradient norm of every optimizer step to this value."""
     weight_decay: float = 0.0
@@ -253,7 +268,7 @@ class RLConfig:
 
     def __post_init__(self) -> None:
         _check_positive(self, "iterations", "tasks_per_iter", "group_size", "lr", "ppo_epochs", "minibatch_size",
-                        "grad_clip", "checkpoint_keep")
+                        "grad_clip", "checkpoint_keep", "tree_k", "tree_nodes")
         if not 0 <= self.clip_low < 1 or self.clip_high < 0:
             raise ValueError(f"rl.clip_low must be in [0, 1) and rl.clip_high >= 0 (got {self.clip_low}, {self.clip_high})")
         if self.clip_c <= 1:
@@ -286,6 +301,9 @@ class RLConfig:
         if self.credit == "dr_grpo" and self.loss_agg == "seq-mean-token-mean":
             raise ValueError("rl.credit = dr_grpo removes length normalisation, but rl.loss_agg = seq-mean-token-mean "
                              "divides each episode by its length; use token-mean or seq-mean-token-sum-norm")
+        if self.credit == "tree" and not (self.tree or self.branch):
+            raise ValueError("rl.credit = tree needs a rollout tree; set rl.tree = true (or rl.branch = true), or choose "
+                             "another rl.credit")
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,8 @@ from arborl.loss import ppo_clip_loss
 from arborl.policy import ChatRenderer, load_policy, save_policy, token_logprobs, token_logprobs_and_entropy
 from arborl.rollout import ModelPolicy, RolloutConfig, run_episodes
 from arborl.rollout.branch import branch_specs
+from arborl.rollout.kvcache import PrefixCache
+from arborl.rollout.tree import tree_specs
 from arborl.tools.metrics import episode_metrics, tool_metrics
 from arborl.train.batch import TokenBatch, broadcast, collate, failed, length_chunks, step_batch
 from arborl.train.common import (
@@ -225,12 +227,19 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
     seeds = [cfg.env.train_seed_start + o for o in offsets]
     specs = specs_for(cfg, task_type, seeds, group_size=rc.group_size, group_prefix=f"rl{it}")
     policy = ModelPolicy(lrn.model, ChatRenderer(lrn.tok, cfg.policy.system_prompt or None))
+    trunk_kv = PrefixCache() if rc.branch or rc.tree else None  # trunk caches for the continuations
     rolled = run_episodes(policy, make_env, specs, cfg.rollout, generator=lrn.gen,
-                          policy_version=it, iteration=it, source="rl")
+                          policy_version=it, iteration=it, source="rl", prefix_cache=trunk_kv)
     n_sampled = len(rolled)
+    if rc.tree:  # k continuations re-sampled from picked turns of each group
+        rolled += run_episodes(policy, make_env, tree_specs(rolled, k=rc.tree_k, nodes=rc.tree_nodes,
+                                                            select=rc.tree_select, generator=lrn.gen),
+                               cfg.rollout, generator=lrn.gen, policy_version=it, iteration=it, source="rl-tree",
+                               prefix_cache=trunk_kv)
     if rc.branch:  # every untried action at every visited state, finished by the policy
-        rolled += run_episodes(policy, make_env, branch_specs(rolled, actions), _branch_rollout_config(cfg),
-                               generator=lrn.gen, policy_version=it, iteration=it, source="rl-branch")
+        rolled += run_episodes(policy, make_env, branch_specs(rolled[:n_sampled], actions),
+                               _branch_rollout_config(cfg), generator=lrn.gen, policy_version=it, iteration=it,
+                               source="rl-branch", prefix_cache=trunk_kv)
     # store: persist, then train on what the store returns
     episodes = store.get_many(store.put_many(rolled))
     # credit: one advantage per turn, broadcast to that turn's generated tokens
@@ -271,6 +280,8 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
         "train/success": sum(1.0 for e in episodes[:n_sampled] if e.success) / n_sampled,
         "train/reward": sum(float(e.rewards.get("return") or 0.0) for e in episodes[:n_sampled]) / n_sampled,
         "train/branches": len(episodes) - n_sampled,
+        "train/prefix_reused": trunk_kv.reused_tokens if trunk_kv else 0,
+        "train/prefix_prefilled": trunk_kv.prefilled_tokens if trunk_kv else 0,
         "train/invalid_frac": sum(not t.valid for e in episodes for t in e.path()) / max(1, n_turns),
         "train/turns": sum(len(e.path()) for e in episodes[:n_sampled]) / n_sampled,
         "train/adv_abs": float(adv.abs().sum() / batch.loss_mask.sum().clamp_min(1)),

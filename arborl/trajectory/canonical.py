@@ -25,7 +25,7 @@ from arborl.trajectory.schema import EPISODE_FIELDS, TURN_FIELDS, Episode, ToolC
 # --- canonical form (content hash) -----------------------------------------------------------
 # canonical_episode() is a byte string of frames, each a tag byte, a little-endian uint64 length
 # and that many bytes, so it parses back unambiguously (equal bytes <=> equal content):
-#   b"arborl-content-v2\n"
+#   b"arborl-content-v3\n"
 #   frame "e": the episode's hashed fields (to_dict() without HASH_EXCLUDED and turns) as JSON;
 #   per turn, in creation order:
 #     frame "t": the turn without timings and its four token arrays as JSON, with turn_id and
@@ -67,8 +67,8 @@ CANONICAL_ARRAYS = ("output_ids", "output_logprobs", "output_mask", "prompt_ids"
 """Token array fields of a turn in canonical (sorted-key) order: :attr:`CanonicalTurn.arrays`."""
 ARRAY_CODES = ("i", "d", "b", "i")
 """Packed code of each of :data:`CANONICAL_ARRAYS`: int32 ids, float64 log-probs, 0/1 mask bytes."""
-CONTENT_HASH_VERSION = b"arborl-content-v2\n"
-"""First bytes of :func:`canonical_episode`; a new definition gets a new version."""
+CONTENT_HASH_VERSION = b"arborl-content-v3\n"
+"""First bytes of :func:`canonical_episode`; a new definition gets a new version (v3: ``origin`` is hashed)."""
 _HEAD = ("action", "action_text", "error", "index", "info", "media", "observation")
 _TAIL = ("result", "reward", "state_key", "terminated", "tool_call", "truncated")
 _FRAME = struct.Struct("<cQ").pack
@@ -452,7 +452,9 @@ def content_hash(ep: Episode, turns: list[CanonicalTurn] | None = None) -> str:
     Two episodes with the same task, same turns (tokens, log-prob bits, masks, actions,
     results, rewards) and the same tree shape hash equal, whatever their ``episode_id``, turn
     ids, ``created_at``, ``group_id``, ``iteration``, ``tags``, ``metadata`` and turn
-    ``timings``: the store uses this for deduplication. Any other change (one token id, one bit
+    ``timings``: the store uses this for deduplication. The ``origin`` of a branch or tree
+    continuation is content (it decides which turns are trained), the trunk's episode id in it
+    included. Any other change (one token id, one bit
     of one log-prob, one mask value, an action, a reward) changes the hash. The hashed bytes are
     :func:`canonical_episode`'s.
 
@@ -469,7 +471,7 @@ def content_hash(ep: Episode, turns: list[CanonicalTurn] | None = None) -> str:
 def canonical_episode(ep: Episode, turns: list[CanonicalTurn]) -> bytes:
     """The bytes :func:`content_hash` hashes, from the turns' canonical pieces."""
     j = _json  # the fields of _HASHED_FIELDS in sorted order, as _CANON would write the dict of them
-    head = (f'{{"policy_version":{j(ep.policy_version)},"rewards":{j(ep.rewards)},'
+    head = (f'{{"origin":{j(ep.origin)},"policy_version":{j(ep.policy_version)},"rewards":{j(ep.rewards)},'
             f'"schema_version":{j(ep.schema_version)},"seed":{j(ep.seed)},"source":{j(ep.source)},'
             f'"stop_reason":{j(ep.stop_reason)},"task_id":{j(ep.task_id)},"task_type":{j(ep.task_type)}}}').encode()
     parts = [CONTENT_HASH_VERSION, _FRAME(b"e", len(head)), head]
@@ -479,7 +481,7 @@ def canonical_episode(ep: Episode, turns: list[CanonicalTurn]) -> bytes:
 
 _HASHED_FIELDS = tuple(f for f in EPISODE_FIELDS if f not in HASH_EXCLUDED)
 _ORDER = [*_HEAD, *CANONICAL_ARRAYS[:3], "parent_id", "policy_version", "prompt_ids", *_TAIL, "turn_id", "valid"]
-_HASHED_ORDER = ["policy_version", "rewards", "schema_version", "seed", "source", "stop_reason", "task_id", "task_type"]
+_HASHED_ORDER = ["origin", "policy_version", "rewards", "schema_version", "seed", "source", "stop_reason", "task_id", "task_type"]
 if sorted(f for f in TURN_FIELDS if f != "timings") != _ORDER or sorted(_HASHED_FIELDS) != _HASHED_ORDER:
     raise ImportError("the canonical form above no longer covers the Turn/Episode fields; update it "
                       "(docs/trajectory.md: adding a Turn field)")

@@ -43,8 +43,13 @@ from arborl.trajectory.values import (
     text_problem,
 )
 
-SCHEMA_VERSION = 1
-"""Bump when a field changes meaning; readers refuse versions newer than they know."""
+SCHEMA_VERSION = 2
+"""Bump when a field changes meaning; readers refuse versions newer than they know.
+
+Version 2 added :attr:`Episode.origin`. A version-1 record kept its branch provenance in
+``metadata["branch"]`` (and ``metadata["replayed_turns"]``); :func:`upgrade_record` reads it
+into ``origin``, so old records train as they did.
+"""
 
 StopReason = Literal["", "terminated", "truncated", "max_turns", "max_context", "env_error"]
 """Why an episode ended (:attr:`Episode.stop_reason`), as the rollout engine writes it:
@@ -90,6 +95,64 @@ class ToolCall:
     name: str
     arguments: dict[str, Any] = field(default_factory=dict)
     call_id: str | None = None
+
+
+OriginKind = Literal["branch", "tree"]
+"""How an episode grew out of another (:attr:`Origin.kind`):
+
+* ``"branch"``: a forced action at a visited state, finished by the policy
+  (:mod:`arborl.rollout.branch`); only the forced turn is credited;
+* ``"tree"``: the policy re-sampled from a turn of another episode (:mod:`arborl.rollout.tree`);
+  every turn from there on is its own.
+"""
+ORIGIN_KINDS: tuple[str, ...] = get_args(OriginKind)
+
+
+@dataclass
+class Origin:
+    """Where an episode that continues another one comes from: a node of a rollout tree.
+
+    The episode's path starts with its trunk's first ``turn`` turns (the same turns, same ids: a
+    store keeps them once, in the trunk's record), and its own turns follow from path index
+    ``turn`` on. Training reads the kind and the turn to decide what is credited, so the origin
+    is part of the content hash.
+
+    Attributes:
+        of: Episode id of the trunk whose prefix this episode shares.
+        turn: Path index of this episode's first own turn (= number of shared prefix turns).
+        kind: ``"branch"`` or ``"tree"`` (see :data:`OriginKind`).
+        action: The action text forced at ``turn`` (a branch), or ``None`` (a tree continuation).
+        state_key: The anchor state the trunk recorded at ``turn``; a continuation that reaches
+            another state diverged (an env not reproducible from its seed and actions).
+    """
+
+    of: str
+    turn: int
+    kind: OriginKind = "branch"
+    action: str | None = None
+    state_key: str | None = None
+
+    def check(self, where: str) -> list[str]:
+        """Raise :class:`SchemaError` on a malformed origin; returns its texts (checked by the caller)."""
+        if type(self) is not Origin:
+            raise SchemaError(f"{where}: origin must be an Origin or None, got {self!r}")
+        if type(self.of) is not str or not self.of:
+            raise SchemaError(f"{where}: origin.of must be the trunk's episode id (a non-empty string), got {self.of!r}")
+        if type(self.turn) is not int or not 0 <= self.turn <= INT32_MAX:
+            raise SchemaError(f"{where}: origin.turn must be a path index (an int >= 0), got {self.turn!r}")
+        if self.kind not in ORIGIN_KINDS:
+            raise SchemaError(f"{where}: origin.kind {self.kind!r} is not one of {list(ORIGIN_KINDS)}")
+        texts = [self.of, self.kind]
+        for name in ("action", "state_key"):
+            v = getattr(self, name)
+            if v is not None and type(v) is not str:
+                raise SchemaError(f"{where}: origin.{name} must be a string or None, got {v!r}")
+            if v is not None:
+                texts.append(v)
+        if self.kind == "branch" and self.action is None:
+            raise SchemaError(f"{where}: a branch origin names its forced action (origin.action); use kind='tree' for "
+                              "a re-sampled continuation")
+        return texts
 
 
 @dataclass
@@ -261,6 +324,8 @@ class Episode:
         tags: Free-form labels for queries.
         created_at: Unix time of creation.
         metadata: JSON-able extras (env name, model path, ...).
+        origin: Where the episode continues another one (a branch or a tree continuation), or
+            ``None`` for an episode sampled from its start state; see :class:`Origin`.
         schema_version: Version of this schema the record was written with.
     """
 
@@ -278,6 +343,7 @@ class Episode:
     tags: list[str] = field(default_factory=list)
     created_at: float = field(default_factory=time.time)
     metadata: dict[str, Any] = field(default_factory=dict)
+    origin: Origin | None = None
     schema_version: int = SCHEMA_VERSION
 
     # --- tree -------------------------------------------------------------------------------
@@ -408,6 +474,8 @@ class Episode:
             raise SchemaError(f"{where}: metadata must be a dict, got {type(self.metadata).__name__}")
         if self.metadata:
             check_json(self.metadata, f"{where}: metadata")
+        if self.origin is not None:
+            texts += Origin.check(self.origin, where)  # unbound: a non-Origin is named, not an AttributeError
 
     def _raise_text_error(self, where: str) -> None:
         """Name the field of the first text that cannot be stored (the slow path of :meth:`validate`)."""
@@ -420,6 +488,8 @@ class Episode:
                       for a in ("url", "mime", "sha256")]
             if t.tool_call is not None:
                 named += [(f"turn {t.turn_id}: tool_call.{a}", getattr(t.tool_call, a)) for a in ("name", "call_id")]
+        if self.origin is not None:
+            named += [(f"origin.{a}", getattr(self.origin, a)) for a in ("of", "action", "state_key")]
         for name, v in named:
             why = None if v is None else text_problem(v)
             if why is not None:
@@ -452,7 +522,13 @@ class Episode:
             raise SchemaError(
                 f"episode record has schema_version {version!r}, newer than this arborl understands "
                 f"({SCHEMA_VERSION}); upgrade arborl to read it")
+        d = upgrade_record(d)
         _check_keys(d, cls, "episode")
+        origin = d.get("origin")
+        if origin is not None:
+            if not isinstance(origin, dict):
+                raise SchemaError(f"episode origin must be an object or null, got {type(origin).__name__}")
+            _check_keys(origin, Origin, "episode origin")
         turns = []
         for i, td in enumerate(d.get("turns", [])):
             if not isinstance(td, dict):
@@ -465,12 +541,37 @@ class Episode:
             tc = td.get("tool_call")
             td["tool_call"] = ToolCall(**tc) if tc is not None else None
             turns.append(Turn(**td))
-        return cls(turns=turns, **{k: v for k, v in d.items() if k != "turns"})
+        fields_ = {k: v for k, v in d.items() if k != "turns"}
+        if origin is not None:
+            fields_["origin"] = Origin(**origin)
+        return cls(turns=turns, **fields_)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Episode:
         """Inverse of :meth:`to_json`."""
         return cls.from_dict(json.loads(text))
+
+
+def upgrade_record(d: dict[str, Any]) -> dict[str, Any]:
+    """An episode dict of an older schema version in the current layout (a new dict; ``d`` is kept).
+
+    Version 1 kept branch provenance in ``metadata["branch"] = {"of", "turn", "action",
+    "state_key"}``; it becomes ``origin`` (kind ``"branch"``). The record keeps its version and
+    its metadata, so its stored content hash still describes it.
+    """
+    if d.get("schema_version") != 1 or d.get("origin") is not None:
+        return d
+    meta = d.get("metadata")
+    info = meta.get("branch") if isinstance(meta, dict) else None
+    if not isinstance(info, dict):
+        return d
+    try:
+        origin = {"of": str(info["of"]), "turn": int(info["turn"]), "kind": "branch",
+                  "action": None if info.get("action") is None else str(info["action"]),
+                  "state_key": None if info.get("state_key") is None else str(info["state_key"])}
+    except (KeyError, TypeError, ValueError) as e:
+        raise SchemaError(f"version-1 record has a malformed metadata['branch'] ({e}); it needs 'of' and 'turn'") from e
+    return {**d, "origin": origin}
 
 
 _SCALARS = frozenset((str, int, float, bool, type(None)))
@@ -485,6 +586,8 @@ def plain(v: Any) -> Any:
         return list(v) if _SCALARS.issuperset(map(type, v)) else [plain(x) for x in v]
     if t is ToolCall:
         return {"name": v.name, "arguments": plain(v.arguments), "call_id": v.call_id}
+    if t is Origin:
+        return {"of": v.of, "turn": v.turn, "kind": v.kind, "action": v.action, "state_key": v.state_key}
     if t is dict:
         return {k: plain(x) for k, x in v.items()}
     if is_dataclass(v) and not isinstance(v, type):

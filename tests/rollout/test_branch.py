@@ -15,9 +15,10 @@ from arborl.rollout import (
     ScriptedPolicy,
     run_episodes,
 )
-from arborl.rollout.branch import branch_diverged, branch_specs
+from arborl.rollout.branch import branch_diverged, branch_specs, continuation_spec, credited_turns
+from arborl.rollout.kvcache import PrefixCache
 from arborl.train.batch import collate, step_batch
-from arborl.trajectory.schema import linearize
+from arborl.trajectory.schema import Origin, linearize
 
 from .conftest import SYSTEM, WORDS, CountEnv
 
@@ -41,28 +42,36 @@ def _cfg(max_turns: int = 6) -> RolloutConfig:
                          sampling=SamplingConfig(max_new_tokens=4, temperature=1.0), batch_size=16)
 
 
-def test_forced_turns_replay_with_mask_zero_and_branch_action_is_trained(model, renderer):
-    replay = (tuple(renderer.encode_response("left")), tuple(renderer.encode_response("up")))
-    spec = EpisodeSpec(task_id="t", task_type="count", group_id="g", seed=3, options={"length": 4},
-                       replay=replay, branch_action="go", metadata={"branch": {"of": "x", "turn": 2}})
-    (ep,) = run_episodes(ModelPolicy(model, renderer), CountEnv, [spec], _cfg(),
-                         generator=torch.Generator().manual_seed(0))
+@pytest.mark.parametrize("kept", [True, False])
+def test_a_branch_shares_its_trunks_prefix_and_its_log_probs_are_the_policys(model, renderer, kept):
+    policy, cache = ModelPolicy(model, renderer), PrefixCache() if kept else None
+    spec = EpisodeSpec(task_id="t", task_type="count", group_id="g", seed=3, options={"length": 4})
+    (trunk,) = run_episodes(policy, CountEnv, [spec], _cfg(), generator=torch.Generator().manual_seed(0),
+                            prefix_cache=cache)
+    bspec = continuation_spec(trunk, 2, "branch", "go")
+    (ep,) = run_episodes(policy, CountEnv, [bspec], _cfg(), generator=torch.Generator().manual_seed(1),
+                         prefix_cache=cache)
     turns = ep.path()
-    assert len(turns) == 4 and ep.metadata["replayed_turns"] == 2 and ep.metadata["branch"]["of"] == "x"
-    assert [tuple(t.output_ids) for t in turns[:2]] == list(replay)
-    assert all(m == 0 for t in turns[:2] for m in t.output_mask)
+    assert len(turns) == 4 and ep.origin == Origin(of=trunk.episode_id, turn=2, kind="branch", action="go",
+                                                   state_key=trunk.path()[2].state_key)
+    assert all(a is b for a, b in zip(turns[:2], trunk.path()[:2], strict=False))  # the trunk's turns, shared
+    assert turns[2].parent_id == trunk.path()[1].turn_id and turns[2].index == 2
     assert turns[2].output_ids == renderer.encode_response("go") and all(turns[2].output_mask)
-    assert [t.action_text for t in turns[:3]] == ["left", "up", "go"]
-    # the recorded log-probs of forced tokens are the policy's, like sampled ones
+    assert turns[2].prompt_ids == trunk.path()[2].prompt_ids  # the re-played env reached the same state
+    assert not branch_diverged(ep) and credited_turns(ep) == (2, 3)
+    if kept:  # the trunk's row held every prefix token: none prefilled again
+        assert cache.reused_tokens == sum(len(t.prompt_ids) + len(t.output_ids) for t in turns[:2])
+        assert cache.prefilled_tokens == 0
+    # the recorded log-probs of the forced and the sampled tokens are the policy's over the full path
     view = linearize(ep)
     with torch.no_grad():
         lp = token_logprobs(model, torch.tensor([view.input_ids]))[0]
-    gen = torch.tensor([i for i, t in enumerate(view.turn_index) if t >= 2 and view.loss_mask[i]])
-    forced_rows = [i for i, t in enumerate(view.turn_index) if t < 2 and i >= 1]
-    assert (lp[gen] - torch.tensor(view.logprobs)[gen]).abs().max() < 1e-4
-    nonprompt = [i for i in forced_rows if view.logprobs[i] != 0.0]
-    assert nonprompt, "replayed tokens carry their policy log-probs"
-    assert (lp[nonprompt] - torch.tensor(view.logprobs)[nonprompt]).abs().max() < 1e-4
+    own = torch.tensor([i for i, t in enumerate(view.turn_index) if t >= 2 and view.loss_mask[i]])
+    assert (lp[own] - torch.tensor(view.logprobs)[own]).abs().max() < 1e-4
+    # trained on the forced action only; the shared prefix is context
+    batch = collate([ep])
+    trained = set(batch.loss_mask[0].nonzero()[:, 0].tolist())
+    assert trained == {i for i, t in enumerate(view.turn_index) if t == 2 and view.loss_mask[i]}
 
 
 def test_branches_try_every_untried_action_at_every_visited_state(lake_policy):
@@ -76,26 +85,26 @@ def test_branches_try_every_untried_action_at_every_visited_state(lake_policy):
     specs = branch_specs(trunks, FrozenLake.actions)
     # two identical trunks visit 6 states; at each, 3 actions were not tried
     assert len(specs) == 6 * 3
-    assert {(s.metadata["branch"]["turn"], s.branch_action) for s in specs} == {
+    assert {(s.origin.turn, s.branch_action) for s in specs} == {
         (k, a) for k, t in enumerate(path) for a in FrozenLake.actions if a != t.action
     }
     branches = run_episodes(ModelPolicy(model, renderer), lambda: FrozenLake(size=4), specs, _cfg(10),
                             generator=torch.Generator().manual_seed(1))
     for spec_b, br in zip(specs, branches, strict=True):
-        k = spec_b.metadata["branch"]["turn"]
+        k = spec_b.origin.turn
         assert not branch_diverged(br)
         assert br.path()[k].state_key == path[k].state_key
         assert br.path()[k].action == spec_b.branch_action
-    # re-played turns carry no credit and branches are not group samples
+    # shared prefix turns carry no credit and branches are not group samples
     steps = step_batch(trunks + branches)
     assert steps.sampled.tolist() == [True, True] + [False] * len(branches)
-    k_of = [0] * 2 + [s.metadata["branch"]["turn"] for s in specs]
+    k_of = [0] * 2 + [s.origin.turn for s in specs]
     expected = [k == k_of[e] if e >= 2 else True for e, k in zip(steps.episode.tolist(), steps.step.tolist(), strict=True)]
     assert steps.active.tolist() == expected
     # a branch is trained on its forced action only: its tensors stop after that turn
     batch = collate(trunks + branches)
     for e, br in enumerate(branches, start=2):
-        k = br.metadata["branch"]["turn"]
+        k = br.origin.turn
         n = int(batch.attention_mask[e].sum())
         assert batch.input_ids[e, :n].tolist() == linearize(br).input_ids[:n]
         assert n == sum(len(t.prompt_ids) + len(t.output_ids) for t in br.path()[: k + 1])

@@ -29,7 +29,7 @@ from arborl.trajectory.canonical import (
     split_record,
     unpack_array,
 )
-from arborl.trajectory.schema import Episode, MediaRef, SchemaError, ToolCall, Turn
+from arborl.trajectory.schema import Episode, MediaRef, Origin, SchemaError, ToolCall, Turn
 
 
 def _frame(tag: str, payload: bytes) -> bytes:
@@ -57,7 +57,7 @@ def reference_hash(ep: Episode) -> str:
     for k in ("episode_id", "created_at", "group_id", "iteration", "tags", "metadata"):
         del d[k]
     turns = d.pop("turns")
-    out = b"arborl-content-v2\n" + _frame("e", json.dumps(d, sort_keys=True, separators=(",", ":"),
+    out = b"arborl-content-v3\n" + _frame("e", json.dumps(d, sort_keys=True, separators=(",", ":"),
                                                            allow_nan=False).encode())
     for t in turns:
         t["turn_id"], t["parent_id"] = order[t["turn_id"]], None if t["parent_id"] is None else order[t["parent_id"]]
@@ -141,12 +141,16 @@ def test_content_hash_matches_the_definition_on_random_content(text, info, args,
 
 
 def test_content_hash_values_are_pinned():
-    # values of the v2 definition; a change here is a new definition (bump CONTENT_HASH_VERSION)
+    # values of the v3 definition (v2 plus the episode's origin); a change here is a new definition
+    # (bump CONTENT_HASH_VERSION)
     ep = make_episode(3, branch=True, n_turns=3)
     ep.turns[0].media = [MediaRef(url="file:///a.png", mime="image/png")]
     ep.turns[1].info = {"b": [1, 2.5, None], "a": "é"}
-    assert content_hash(ep) == "d2f00a0c21a692fcfa745f6ccf08f4d1eb797fb21d6f2a2c2a74999d62e9be59"
-    assert content_hash(make_episode(0)) == "90c0b4ee67d185e696665d43e779dc85af3f21f5c59b8feaa1080d7e3607cb0c"
+    assert content_hash(ep) == "c0e4d16ea8ac0f7d269e3a1d79a265684ef6ceb78f58bc7f9ba3937fe9136131"
+    assert content_hash(make_episode(0)) == "ed0f6143ad9f8199b0941c9e39e767fc3ad69f700e10c4cf243bc9b7d0358612"
+    tree = make_episode(0)
+    tree.origin = Origin(of="ep9", turn=2, kind="tree", state_key="s")
+    assert content_hash(tree) == "09c3ea5b42ecab9f9c981af00ff82af1cd450e09207355605ae3784dcb2c13bf"
 
 
 def _variants(ep: Episode) -> list[tuple[str, Episode]]:
@@ -186,6 +190,8 @@ def _variants(ep: Episode) -> list[tuple[str, Episode]]:
     change("task_id", lambda e: setattr(e, "task_id", "other"))
     change("seed", lambda e: setattr(e, "seed", 12345))
     change("stop_reason", lambda e: setattr(e, "stop_reason", "max_turns"))
+    change("origin", lambda e: setattr(e, "origin", Origin(of="trunk", turn=1, kind="tree")))
+    change("origin kind", lambda e: setattr(e, "origin", Origin(of="trunk", turn=1, kind="branch", action="a")))
     change("one turn more", lambda e: e.add_turn(Turn(turn_id="new", parent_id=e.turns[-1].turn_id)))
     return out
 

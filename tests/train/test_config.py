@@ -58,6 +58,9 @@ def test_config_keys_report_defaults_and_resolved_values():
     (["rl.clip_c=0.5"], "dual-clip constant must be > 1"),
     (["rl.gamma=1.5"], "discount in [0, 1]"),
     (["rl.checkpoint_keep=0"], "checkpoint_keep must be > 0"),
+    (['rl.credit="tree"'], "rl.credit = tree needs a rollout tree; set rl.tree = true"),
+    (["rl.tree=true", "rl.tree_k=0"], "tree_k must be > 0"),
+    (["rl.tree=true", 'rl.tree_select="max"'], "tree_select"),
     (['report_to=["comet"]'], "report_to: ['comet'] are unknown"),
 ])
 def test_cross_field_rules_fail_at_load_time_with_the_fix(overrides, needle):
