@@ -193,7 +193,7 @@ def train_rl(
     rc = cfg.rl
     lrn, start_it = _learner(cfg, start_path, resume_from, env_steps_before)
     lrn.credit_model = credit_model
-    saved = load_trainer_state(resume_from / "trainer_state.pt") if credit_model and resume_from else {}
+    saved = {} if credit_model is None or resume_from is None else load_trainer_state(resume_from / "trainer_state.pt")
     if saved.get("credit_model") is not None:  # a checkpoint of a run without one: the model starts fresh
         credit_model.load_state_dict(saved["credit_model"])
     task_type, actions = _env_actions(make_env, cfg)
