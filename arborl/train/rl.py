@@ -161,7 +161,7 @@ def _learner(cfg: TrainConfig, start_path: Path, resume_from: Path | None, env_s
     set_rng_state(state["rng"], lrn.gen)
     lrn.task_gen.set_state(state["task_rng"])
     lrn.counters = state["counters"]
-    if credit_model is not None:
+    if credit_model is not None and state.get("credit_model") is not None:  # else: a run without one, fresh
         credit_model.load_state_dict(state["credit_model"])
     return lrn, state["iteration"]
 
