@@ -54,6 +54,7 @@ from arborl.train.common import (
 from arborl.train.config import RLConfig, TrainConfig
 from arborl.train.interrupt import Interrupted, StopRequest
 from arborl.train.loggers import Metrics
+from arborl.train.profile import PhaseTimer
 from arborl.train.progress import progress
 from arborl.train.rundir import checkpoint_iteration, latest_checkpoint, prune_checkpoints
 from arborl.train.stages import evaluate, policy_dir, specs_for
@@ -210,25 +211,30 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
                task_type: str, actions: list[str]) -> dict[str, float]:
     """One iteration: rollout, store, credit, loss + update; returns its metrics row."""
     rc = cfg.rl
+    phase = PhaseTimer()
     # rollout: G members per task share the seed, hence the initial state
     offsets = torch.randint(0, cfg.env.train_seed_count, (rc.tasks_per_iter,), generator=lrn.task_gen).tolist()
     seeds = [cfg.env.train_seed_start + o for o in offsets]
     specs = specs_for(cfg, task_type, seeds, group_size=rc.group_size, group_prefix=f"rl{it}")
     policy = ModelPolicy(lrn.model, ChatRenderer(lrn.tok, cfg.policy.system_prompt or None))
-    rolled = run_episodes(policy, make_env, specs, cfg.rollout, generator=lrn.gen,
-                          policy_version=it, iteration=it, source="rl")
+    with phase("rollout"):
+        rolled = run_episodes(policy, make_env, specs, cfg.rollout, generator=lrn.gen,
+                              policy_version=it, iteration=it, source="rl")
     n_sampled = len(rolled)
     if rc.branch:  # every untried action at every visited state, finished by the policy
-        rolled += run_episodes(policy, make_env, branch_specs(rolled, actions), _branch_rollout_config(cfg),
-                               generator=lrn.gen, policy_version=it, iteration=it, source="rl-branch")
+        with phase("branch"):
+            rolled += run_episodes(policy, make_env, branch_specs(rolled, actions), _branch_rollout_config(cfg),
+                                   generator=lrn.gen, policy_version=it, iteration=it, source="rl-branch")
     # store: persist, then train on what the store returns
-    episodes = store.get_many(store.put_many(rolled))
+    with phase("store"):
+        episodes = store.get_many(store.put_many(rolled))
     # credit: one advantage per turn, broadcast to that turn's generated tokens
-    steps = step_batch(episodes, score_key=rc.score_key, invalid_penalty=cfg.rollout.invalid_action_penalty)
-    groups = _kept_groups(rc, steps)  # rl.filter: the groups credit and the update see
-    pad = lrn.tok.pad_token_id if lrn.tok.pad_token_id is not None else 0
-    batch = collate(episodes, pad_id=pad)
-    adv = broadcast(credit_on_groups(credit, steps, groups), batch.step_of_token) * batch.loss_mask
+    with phase("credit"):
+        steps = step_batch(episodes, score_key=rc.score_key, invalid_penalty=cfg.rollout.invalid_action_penalty)
+        groups = _kept_groups(rc, steps)  # rl.filter: the groups credit and the update see
+        pad = lrn.tok.pad_token_id if lrn.tok.pad_token_id is not None else 0
+        batch = collate(episodes, pad_id=pad)
+        adv = broadcast(credit_on_groups(credit, steps, groups), batch.step_of_token) * batch.loss_mask
     keep = (adv.abs() > 1e-8).any(-1) if rc.drop_zero_advantage else torch.ones(len(episodes), dtype=torch.bool)
     keep &= groups[steps.group]
     # loss + update (on the episodes that carry signal)
@@ -239,9 +245,11 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
     terms = {}
     if len(rows):
         kept = batch.select(rows)
-        ref_logp = None if lrn.ref is None else _ref_logprobs(lrn.ref, kept, rc.minibatch_size,
-                                                              cfg.rollout.sampling.logprob_temperature)
-        terms = _update(lrn.model, lrn.opt, cfg, kept, adv[rows, : kept.input_ids.shape[1]], ref_logp, lrn.gen)
+        with phase("ref_logp"):
+            ref_logp = None if lrn.ref is None else _ref_logprobs(lrn.ref, kept, rc.minibatch_size,
+                                                                  cfg.rollout.sampling.logprob_temperature)
+        with phase("update"):
+            terms = _update(lrn.model, lrn.opt, cfg, kept, adv[rows, : kept.input_ids.shape[1]], ref_logp, lrn.gen)
     # metrics
     n_turns = int(steps.episode.numel())
     lrn.counters["env_steps"] += n_turns
@@ -259,9 +267,10 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
         "train/filter_kept_frac": float(groups.to(torch.float32).mean()) if groups.numel() else 0.0,
     }
     if rc.eval_every and ((it + 1) % rc.eval_every == 0 or it + 1 == rc.iterations):
-        row.update(evaluate(cfg, make_env, lrn.model, lrn.tok, n=cfg.eval.probe_episodes, label="probe",
-                            policy_version=it + 1))
-    return row
+        with phase("eval"):
+            row.update(evaluate(cfg, make_env, lrn.model, lrn.tok, n=cfg.eval.probe_episodes, label="probe",
+                                policy_version=it + 1))
+    return {**row, **phase.row()}
 
 
 def _kept_groups(rc: RLConfig, steps: StepBatch) -> Tensor:
