@@ -179,6 +179,10 @@ class RLConfig:
     """Finish branches with greedy decoding: the return then measures ``Q(s, a)`` of the greedy
     policy (the one evaluated) without sampling noise. Needs ``rollout.sampling.temperature = 1``
     so the forced action's recorded log-prob matches the trainer's."""
+    async_store: bool = True
+    """Write each iteration's episodes to the store on a background thread and train on them from
+    memory (the same batch a read-back gives); a failed write stops the run at the next iteration.
+    False: write and read back on the critical path, as before."""
     grad_clip: float = 1.0
     """Clip the global gradient norm of every optimizer step to this value."""
     weight_decay: float = 0.0

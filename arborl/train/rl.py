@@ -28,6 +28,7 @@ Implementation details (where this departs from the papers):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
@@ -58,6 +59,7 @@ from arborl.train.profile import PhaseTimer
 from arborl.train.progress import progress
 from arborl.train.rundir import checkpoint_iteration, latest_checkpoint, prune_checkpoints
 from arborl.train.stages import evaluate, policy_dir, specs_for
+from arborl.train.writer import BackgroundWriter, flush, store_episodes
 
 CreditFn = Callable[[StepBatch], Tensor]
 
@@ -190,17 +192,18 @@ def train_rl(
     lrn, start_it = _learner(cfg, start_path, resume_from, env_steps_before)
     task_type, actions = _env_actions(make_env, cfg)
     shown: dict[str, float] = {}
+    sink = BackgroundWriter(store) if rc.async_store else contextlib.nullcontext(store)
     try:
-        with StopRequest() as stop:
+        with StopRequest() as stop, sink as sink:
             for it in progress(range(start_it, rc.iterations), "rl", total=rc.iterations - start_it, status=shown):
-                row = _iteration(cfg, it, lrn, make_env, store, credit, task_type, actions)
+                row = _iteration(cfg, it, lrn, make_env, sink, credit, task_type, actions)
                 metrics.log("rl", it + 1, row)
                 shown.update(loss=row.get("loss/policy", 0.0), success=row["train/success"], reward=row["train/reward"])
                 last = it + 1 == rc.iterations
                 if stop.requested and not last:
-                    raise Interrupted("rl", it + 1, _save(cfg, lrn, it + 1))
+                    raise Interrupted("rl", it + 1, _save(cfg, lrn, it + 1, sink=sink))
                 if rc.checkpoint_every and (it + 1) % rc.checkpoint_every == 0 and not last:
-                    _save(cfg, lrn, it + 1)
+                    _save(cfg, lrn, it + 1, sink=sink)
     except KeyboardInterrupt:  # a second Ctrl-C: the iteration in flight is dropped
         ckpt = latest_checkpoint(cfg.run_dir)
         raise Interrupted("rl", checkpoint_iteration(ckpt) if ckpt else None, ckpt) from None
@@ -225,9 +228,9 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
         with phase("branch"):
             rolled += run_episodes(policy, make_env, branch_specs(rolled, actions), _branch_rollout_config(cfg),
                                    generator=lrn.gen, policy_version=it, iteration=it, source="rl-branch")
-    # store: persist, then train on what the store returns
+    # store: persist (rl.async_store: in the background) and train on the episodes as stored
     with phase("store"):
-        episodes = store.get_many(store.put_many(rolled))
+        episodes = store_episodes(store, rolled)
     # credit: one advantage per turn, broadcast to that turn's generated tokens
     with phase("credit"):
         steps = step_batch(episodes, score_key=rc.score_key, invalid_penalty=cfg.rollout.invalid_action_penalty)
@@ -280,8 +283,13 @@ def _kept_groups(rc: RLConfig, steps: StepBatch) -> Tensor:
     return torch.ones(int(steps.group.max()) + 1 if steps.group.numel() else 0, dtype=torch.bool)
 
 
-def _save(cfg: TrainConfig, lrn: _Learner, iteration: int, final: bool = False) -> Path:
-    """Write checkpoint ``rl-<iteration>`` (and ``policy/rl`` when ``final``); keep ``rl.checkpoint_keep`` of them."""
+def _save(cfg: TrainConfig, lrn: _Learner, iteration: int, final: bool = False, sink=None) -> Path:
+    """Write checkpoint ``rl-<iteration>`` (and ``policy/rl`` when ``final``); keep ``rl.checkpoint_keep`` of them.
+
+    The store writes still queued in ``sink`` (a :class:`BackgroundWriter`) are flushed first, so a
+    checkpoint never runs ahead of the episodes stored.
+    """
+    flush(sink)
     path = Path(cfg.run_dir) / "checkpoints" / f"rl-{iteration:06d}"
     save_policy(lrn.model, lrn.tok, path)
     save_trainer_state(path / "trainer_state.pt", {
