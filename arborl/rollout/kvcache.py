@@ -68,7 +68,8 @@ class BufferLayer(DynamicLayer):
         n = idx.shape[1]
         cap = max(MIN_CAPACITY, n + n // 2)
         gidx = idx[:, None, :, None].expand(b, h, n, d)
-        k, v = self._k.new_zeros(b, h, cap, d), self._v.new_zeros(b, h, cap, self._v.shape[-1])
+        # columns past n are written by update() before any view covers them: no need to zero them
+        k, v = self._k.new_empty(b, h, cap, d), self._v.new_empty(b, h, cap, self._v.shape[-1])
         k[:, :, :n] = self._k[:, :, : self.length].gather(2, gidx)
         v[:, :, :n] = self._v[:, :, : self.length].gather(2, idx[:, None, :, None].expand(b, h, n, self._v.shape[-1]))
         self._k, self._v, self.length = k, v, n
@@ -80,7 +81,7 @@ class BufferLayer(DynamicLayer):
             return
         new_cap = max(needed, 2 * cap)
         b, h, _, d = self._k.shape
-        k, v = self._k.new_zeros(b, h, new_cap, d), self._v.new_zeros(b, h, new_cap, self._v.shape[-1])
+        k, v = self._k.new_empty(b, h, new_cap, d), self._v.new_empty(b, h, new_cap, self._v.shape[-1])
         k[:, :, : self.length] = self._k[:, :, : self.length]
         v[:, :, : self.length] = self._v[:, :, : self.length]
         self._k, self._v = k, v
