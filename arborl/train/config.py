@@ -179,6 +179,11 @@ class RLConfig:
     """Finish branches with greedy decoding: the return then measures ``Q(s, a)`` of the greedy
     policy (the one evaluated) without sampling noise. Needs ``rollout.sampling.temperature = 1``
     so the forced action's recorded log-prob matches the trainer's."""
+    update_threads: int = 0
+    """torch intra-op threads for the reference log-probs and the PPO update only (rollouts and
+    evaluation keep the run's ``threads``); 0: the run's ``threads``. Their large matmuls can use a
+    second core that rollouts' many tiny ops only waste at every intra-op barrier, but only on cores
+    no other process is using (see docs/demo.md)."""
     async_store: bool = True
     """Write each iteration's episodes to the store on a background thread and train on them from
     memory (the same batch a read-back gives); a failed write stops the run at the next iteration.
@@ -203,7 +208,8 @@ class RLConfig:
             raise ValueError(f"rl.clip_c is {self.clip_c}; the dual-clip constant must be > 1 (3 is usual)")
         if not 0 <= self.gamma <= 1:
             raise ValueError(f"rl.gamma is {self.gamma}; use a discount in [0, 1]")
-        for name in ("kl_coef", "entropy_coef", "weight_decay", "warmup_iters", "checkpoint_every", "eval_every"):
+        for name in ("kl_coef", "entropy_coef", "weight_decay", "warmup_iters", "checkpoint_every", "eval_every",
+                     "update_threads"):
             if getattr(self, name) < 0:
                 raise ValueError(f"rl.{name} must be >= 0, got {getattr(self, name)!r}")
         self._check_credit()

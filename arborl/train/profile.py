@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
+
 PHASES = ("rollout", "branch", "store", "credit", "ref_logp", "update", "eval")
 """The phases of an RL iteration, in the order they run (``time/<phase>`` metrics)."""
 
@@ -71,3 +73,19 @@ def profile_lines(profile: dict[str, Any]) -> list[tuple[str, str]]:
     for name, p in profile["phases"].items():
         out.append((f"  {name}", f"{p['s']:.3f} s ({100 * p['share']:.0f}%)"))
     return out
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run the block with ``n`` torch intra-op threads (``0``: leave the setting), then restore it.
+
+    Lets one phase of an iteration (the update) use more threads than the others (rollouts,
+    whose many tiny ops only wait at every intra-op barrier).
+    """
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -55,7 +55,7 @@ from arborl.train.common import (
 from arborl.train.config import RLConfig, TrainConfig
 from arborl.train.interrupt import Interrupted, StopRequest
 from arborl.train.loggers import Metrics
-from arborl.train.profile import PhaseTimer
+from arborl.train.profile import PhaseTimer, torch_threads
 from arborl.train.progress import progress
 from arborl.train.rundir import checkpoint_iteration, latest_checkpoint, prune_checkpoints
 from arborl.train.stages import evaluate, policy_dir, specs_for
@@ -248,10 +248,10 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
     terms = {}
     if len(rows):
         kept = batch.select(rows)
-        with phase("ref_logp"):
+        with phase("ref_logp"), torch_threads(rc.update_threads):
             ref_logp = None if lrn.ref is None else _ref_logprobs(lrn.ref, kept, rc.minibatch_size,
                                                                   cfg.rollout.sampling.logprob_temperature)
-        with phase("update"):
+        with phase("update"), torch_threads(rc.update_threads):
             terms = _update(lrn.model, lrn.opt, cfg, kept, adv[rows, : kept.input_ids.shape[1]], ref_logp, lrn.gen)
     # metrics
     n_turns = int(steps.episode.numel())

@@ -12,7 +12,7 @@ from arborl.train.profile import PHASES
 
 def test_a_real_run_logs_every_phase_and_summarises_them(tmp_path):
     run = tmp_path / "run"
-    p = arborl("train", "examples/frozenlake.toml", *sets(run))
+    p = arborl("train", "examples/frozenlake.toml", *sets(run, ["rl.update_threads=2"]))
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in rows if r["stage"] == "rl"]
     assert rl and all(r["time/rollout"] > 0 and r["time/branch"] > 0 and r["time/update"] > 0 for r in rl)

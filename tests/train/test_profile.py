@@ -50,3 +50,27 @@ def test_summary_means_and_shares_by_hand():
     lines = dict(profile_lines(p))
     assert lines["RL iteration (mean)"] == "6.00 s" and lines["  rollout"] == "2.000 s (33%)"
     assert profile_summary([{"step": 1}]) == {} and profile_lines({}) == []
+
+
+def test_torch_threads_sets_the_block_and_restores_even_on_error():
+    import torch
+
+    from arborl.train.profile import torch_threads
+
+    before = torch.get_num_threads()
+    with torch_threads(2):
+        assert torch.get_num_threads() == 2
+    assert torch.get_num_threads() == before
+    with torch_threads(0):
+        assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError), torch_threads(3):
+        raise RuntimeError("x")
+    assert torch.get_num_threads() == before
+
+
+def test_update_threads_is_checked():
+    from arborl.train.config import RLConfig
+
+    with pytest.raises(ValueError, match="rl.update_threads must be >= 0"):
+        RLConfig(update_threads=-1)
+    assert RLConfig().update_threads == 0 and RLConfig().async_store
