@@ -107,6 +107,7 @@ def summary_table(summary: dict, console) -> None:
     from rich.table import Table
 
     from arborl.train.pipeline import EVAL_LABELS
+    from arborl.train.profile import profile_lines
 
     evals = [k for k in EVAL_LABELS if k in summary]
     table = Table(title=f"arborl run: {summary['run_dir']}")
@@ -122,6 +123,8 @@ def summary_table(summary: dict, console) -> None:
     table.add_row("tokens trained (RL)", *pad, f"{summary.get('tokens', 0):,}")
     table.add_row("wall time", *pad, f"{summary['wall_s']:.0f} s")
     table.add_row("peak RSS", *pad, f"{summary['peak_rss_mb']:.0f} MB")
+    for label, value in profile_lines(summary.get("rl_profile", {})):
+        table.add_row(label, *pad, value)
     console.print(table)
     for k in ("checkpoint", "init"):
         if f"{k}_path" in summary:

@@ -10,7 +10,9 @@ word-level vocabulary) and prints episodes/s, generated tokens/s and the ratio t
 * ``HF generate baseline``: every turn, each live episode's full conversation is rendered with
   the chat template, re-tokenized, left-padded into one batch and passed to ``model.generate``.
 
-Usage: ``python bench/rollout.py [--episodes 64] [--turns 8] [--threads 2] [--max-new-tokens 12]``
+Usage: ``python bench/rollout.py [--episodes 64] [--turns 8] [--threads 1,2] [--max-new-tokens 12]``
+(one table per thread count). To compare code states, run it from each checkout on the same
+machine back to back (docs/demo.md has the engine's before/after).
 """
 
 from __future__ import annotations
@@ -133,15 +135,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=64)
     ap.add_argument("--turns", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", default="1,2", help="comma-separated torch thread counts, one table each")
     ap.add_argument("--max-new-tokens", type=int, default=12)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
     tok, renderer, model = _setup(args.seed)
+    for threads in [int(t) for t in args.threads.split(",")]:
+        torch.set_num_threads(threads)
+        _table(model, tok, renderer, args, threads)
+
+
+def _table(model: Any, tok: Any, renderer: ChatRenderer, args: argparse.Namespace, threads: int) -> None:
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"{args.episodes} episodes x {args.turns} turns, max_new_tokens={args.max_new_tokens}, "
-          f"threads={args.threads}, model {n_params / 1e6:.2f}M params, vocab {len(tok)}")
+    print(f"\n{args.episodes} episodes x {args.turns} turns, max_new_tokens={args.max_new_tokens}, "
+          f"threads={threads}, model {n_params / 1e6:.2f}M params, vocab {len(tok)}")
     _engine(model, renderer, argparse.Namespace(**{**vars(args), "episodes": 4, "turns": 2}), True)  # warm-up
     rows = [
         ("HF generate baseline", *_hf_baseline(model, tok, renderer, args)),

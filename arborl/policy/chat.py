@@ -28,6 +28,8 @@ Observation = str | Messages
 
 _PROBE_USER = "x"
 _PROBE_ASSISTANT = "y"
+MEMO_SIZE = 8192
+"""Rendered text observations and responses a :class:`ChatRenderer` remembers (then it starts afresh)."""
 
 
 class TemplateError(ValueError):
@@ -62,6 +64,9 @@ class ChatRenderer:
             )
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
+        # (kind, text) -> ids: rendering is a pure function of the text, and rollouts render the same
+        # observations again and again (group members share a start, branches re-play visited states)
+        self._memo: dict[tuple[str, str], tuple[int, ...]] = {}
         self._ask = self._render([{"role": "user", "content": _PROBE_USER}], generation_prompt=True)
         # The assistant turn of an empty response is exactly the end-of-turn segment, e.g.
         # [<|im_end|>, "\n"] for ChatML or [<|end|>] for the word-level template.
@@ -88,10 +93,13 @@ class ChatRenderer:
     # --- public -----------------------------------------------------------------------------
     def first_prompt(self, obs: Observation) -> list[int]:
         """System prompt + first user message(s) + assistant generation header."""
-        return self._render(_as_messages(obs), generation_prompt=True)
+        return self._memoized("first", obs, lambda: self._render(_as_messages(obs), generation_prompt=True))
 
     def next_prompt(self, obs: Observation) -> list[int]:
         """Tokens that follow the model's end-of-turn token: template tail, user message, header."""
+        return self._memoized("next", obs, lambda: self._next_prompt(obs))
+
+    def _next_prompt(self, obs: Observation) -> list[int]:
         full = self._render(
             [
                 {"role": "user", "content": _PROBE_USER},
@@ -105,6 +113,9 @@ class ChatRenderer:
 
     def encode_response(self, text: str) -> list[int]:
         """Token ids the model would have to generate to answer ``text``: content + end token."""
+        return self._memoized("response", text, lambda: self._encode_response(text))
+
+    def _encode_response(self, text: str) -> list[int]:
         span = self._assistant_span(text)
         tail = self._close[1:]
         if tail and span[-len(tail):] != tail:
@@ -127,6 +138,18 @@ class ChatRenderer:
         return self.tokenizer.decode(ids[:n], skip_special_tokens=False)
 
     # --- internals --------------------------------------------------------------------------
+    def _memoized(self, kind: str, obs: Observation, render: Any) -> list[int]:
+        """``render()`` for a text ``obs``, remembered; message lists are rendered every time."""
+        if not isinstance(obs, str):
+            return render()
+        key = (kind, obs)
+        ids = self._memo.get(key)
+        if ids is None:
+            if len(self._memo) >= MEMO_SIZE:
+                self._memo.clear()
+            ids = self._memo[key] = tuple(render())
+        return list(ids)
+
     def _render(self, messages: Messages, *, generation_prompt: bool) -> list[int]:
         if self.system_prompt is not None and not (messages and messages[0].get("role") == "system"):
             messages = [{"role": "system", "content": self.system_prompt}, *messages]

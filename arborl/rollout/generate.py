@@ -149,14 +149,15 @@ class LMSession:
         by_slot = {r.slot: r for r in requests}
         if len(by_slot) != len(requests):
             raise ValueError("two turn requests name the same slot; give each live episode its own slot")
-        self._drop_released()
         if not self.reuse_cache:
+            self._released.clear()
             self._reset()
-        missing = [s for s in self._rows if s not in by_slot]
+        kept = [s for s in self._rows if s not in self._released]
+        missing = [s for s in kept if s not in by_slot]
         if missing:
             raise ValueError(f"slots {missing} are live but got no turn request; release() finished slots first")
-        new = [s for s in by_slot if s not in self._rows]
-        self._add_rows(new)
+        new = [s for s in by_slot if s not in kept]
+        self._replace_rows(new)
         unfed = {s: self._seed(s, by_slot[s]) for s in new}
         chunks = []
         for s in self._rows:
@@ -186,30 +187,34 @@ class LMSession:
         self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # (B, L), 1 = real
         self._n_real = torch.zeros(0, dtype=torch.long, device=self.device)  # (B,) next position
 
-    def _drop_released(self) -> None:
-        if not self._released:
-            return
-        keep = [i for i, s in enumerate(self._rows) if s not in self._released]
-        self._released.clear()
-        if len(keep) == len(self._rows):
-            return
-        if not keep:
-            self._reset()
-            return
-        idx = torch.tensor(keep, device=self.device)
-        self._cache.select_rows(idx)
-        self._rows = [self._rows[i] for i in keep]
-        self._mask = self._mask.index_select(0, idx)
-        self._n_real = self._n_real.index_select(0, idx)
+    def _replace_rows(self, new: list[int]) -> None:
+        """Drop the released slots' rows and append empty rows for ``new`` slots, in one copy of the cache.
 
-    def _add_rows(self, slots: list[int]) -> None:
-        if not slots:
-            return
-        k = len(slots)
-        self._cache.add_rows(k)
-        self._rows += slots
-        self._mask = torch.cat([self._mask, self._mask.new_zeros(k, self._mask.shape[1])])
-        self._n_real = torch.cat([self._n_real, self._n_real.new_zeros(k)])
+        Rows are kept in order and new ones appended, as separate drop and add steps would leave
+        them (the order decides which random draws a row gets). When rows are dropped, the new rows
+        are copies of a dropped row rather than zeros: every column of a new row is masked, and a
+        masked key gets attention weight exactly 0 whatever it holds, so results are bit-identical.
+        """
+        keep = [i for i, s in enumerate(self._rows) if s not in self._released]
+        dropped = [i for i, s in enumerate(self._rows) if s in self._released]
+        self._released.clear()
+        if not keep and dropped:  # every row finished: start from an empty cache
+            self._reset()
+            dropped = []
+        if dropped:
+            idx = torch.tensor(keep + [dropped[0]] * len(new), device=self.device)
+            self._cache.select_rows(idx)
+            self._rows = [self._rows[i] for i in keep] + list(new)
+            self._mask = self._mask.index_select(0, idx)
+            self._mask[len(keep):] = 0
+            self._n_real = self._n_real.index_select(0, idx)
+            self._n_real[len(keep):] = 0
+        elif new:  # nothing dropped: grow
+            k = len(new)
+            self._cache.add_rows(k)
+            self._rows += new
+            self._mask = torch.cat([self._mask, self._mask.new_zeros(k, self._mask.shape[1])])
+            self._n_real = torch.cat([self._n_real, self._n_real.new_zeros(k)])
 
     def _seed(self, slot: int, req: TurnRequest) -> list[int]:
         """Seed a new slot's row from the kept row its prefix names; returns the prefix tokens left to feed."""

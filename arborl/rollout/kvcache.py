@@ -74,10 +74,15 @@ class BufferLayer(DynamicLayer):
         b, h, _, d = self._k.shape
         n = idx.shape[1]
         cap = max(MIN_CAPACITY, n + n // 2)
-        gidx = idx[:, None, :, None].expand(b, h, n, d)
+        # zeros, not uninitialised memory: extend() may expose columns past n before update() writes
+        # them, and a masked column still enters the weighted sum of values (0 * NaN is NaN)
         k, v = self._k.new_zeros(b, h, cap, d), self._v.new_zeros(b, h, cap, self._v.shape[-1])
-        k[:, :, :n] = self._k[:, :, : self.length].gather(2, gidx)
-        v[:, :, :n] = self._v[:, :, : self.length].gather(2, idx[:, None, :, None].expand(b, h, n, self._v.shape[-1]))
+        # advanced indexing copies whole D-vectors (gather with an expanded index reads one index per
+        # element: ~1.5x slower); the values are the same
+        rows, heads = torch.arange(b, device=idx.device)[:, None, None], torch.arange(h, device=idx.device)[None, :, None]
+        cols = idx[:, None, :]
+        k[:, :, :n] = self._k[rows, heads, cols]
+        v[:, :, :n] = self._v[rows, heads, cols]
         self._k, self._v, self.length = k, v, n
         self._views()
 

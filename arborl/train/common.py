@@ -59,6 +59,15 @@ METRICS = {
     "tools/time_share": "share of this iteration's rollout time spent in tool calls: sum of tool latencies over "
                         "sum of (generate + env) seconds of every turn (0 without tools)",
     "tokens": "model-generated tokens trained on in RL so far (of the episodes the updates used)",
+    # per-phase wall-clock profile of each RL iteration (seconds; arborl.train.profile)
+    "time/rollout": "RL: seconds of the iteration's group rollouts",
+    "time/branch": "RL: seconds of the iteration's branch rollouts (rl.branch)",
+    "time/store": "RL: seconds the iteration waited on the trajectory store (writing its episodes)",
+    "time/credit": "RL: seconds of step batching, rl.filter, the credit estimator and collation",
+    "time/ref_logp": "RL: seconds of the reference policy's log-probs (rl.kl_coef > 0)",
+    "time/update": "RL: seconds of the PPO epochs (forward, backward, optimizer steps)",
+    "time/eval": "RL: seconds of the iteration's probe evaluation (every rl.eval_every iterations)",
+    "time/iteration": "RL: wall seconds of the whole iteration (the phases plus untimed glue)",
 }
 """Every metric name written to metrics.jsonl (and to the ``report_to`` loggers), with its meaning.
 

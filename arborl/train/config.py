@@ -255,6 +255,15 @@ class RLConfig:
     log-prob of the turn's sampled tokens) is highest."""
     tree_episode_weight: float = 1.0
     """Weight of the episode-level GRPO term in tree credit, A = A^T + w A^E."""
+    update_threads: int = 0
+    """torch intra-op threads for the reference log-probs and the PPO update only (rollouts and
+    evaluation keep the run's ``threads``); 0: the run's ``threads``. Their large matmuls can use a
+    second core that rollouts' many tiny ops only waste at every intra-op barrier, but only on cores
+    no other process is using (see docs/demo.md)."""
+    async_store: bool = True
+    """Write each iteration's episodes to the store on a background thread and train on them from
+    memory (the same batch a read-back gives); a failed write stops the run at the next iteration.
+    False: write and read back on the critical path, as before."""
     grad_clip: float = 1.0
     """Clip the global gradient norm of every optimizer step to this value."""
     weight_decay: float = 0.0
@@ -275,7 +284,8 @@ class RLConfig:
             raise ValueError(f"rl.clip_c is {self.clip_c}; the dual-clip constant must be > 1 (3 is usual)")
         if not 0 <= self.gamma <= 1:
             raise ValueError(f"rl.gamma is {self.gamma}; use a discount in [0, 1]")
-        for name in ("kl_coef", "entropy_coef", "weight_decay", "warmup_iters", "checkpoint_every", "eval_every"):
+        for name in ("kl_coef", "entropy_coef", "weight_decay", "warmup_iters", "checkpoint_every", "eval_every",
+                     "update_threads"):
             if getattr(self, name) < 0:
                 raise ValueError(f"rl.{name} must be >= 0, got {getattr(self, name)!r}")
         self._check_credit()

@@ -13,6 +13,7 @@
 * ``demo_episodes``, ``demo_turns``: the demonstrations SFT trained on.
 * ``wall_s``: seconds the whole command took; ``stage_s``: seconds per stage.
 * ``peak_rss_mb``: peak resident memory of the process.
+* ``rl_profile``: mean seconds and share of an RL iteration per phase (:mod:`arborl.train.profile`).
 * ``run_dir``, ``store``, ``config``: where things are, and the resolved config.
 """
 
@@ -38,6 +39,7 @@ from arborl.train.config import TrainConfig
 from arborl.train.interrupt import Interrupted
 from arborl.train.loggers import Metrics, check_loggers
 from arborl.train.plot import plot_learning_curve
+from arborl.train.profile import profile_summary
 from arborl.train.rl import CreditFn, train_rl
 from arborl.train.rundir import Plan, RunDir, checkpoint_iteration
 from arborl.train.sft import train_sft
@@ -100,6 +102,8 @@ def run_pipeline(cfg: TrainConfig, credit: CreditFn, *, resume: bool = False, ov
         rl_rows = [r for r in metrics.rows() if r["stage"] == "rl"]
         summary["env_steps"] = rl_rows[-1]["env_steps"] if rl_rows else summary.get("demo_turns", 0)
         summary["tokens"] = rl_rows[-1]["tokens"] if rl_rows else 0
+        if profile := profile_summary(rl_rows):
+            summary["rl_profile"] = profile
         if "sft" in summary and "rl" in summary:
             summary["rl_gain"] = summary["rl"]["success"] - summary["sft"]["success"]
         summary["wall_s"] = time.time() - t0

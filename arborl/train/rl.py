@@ -28,6 +28,7 @@ Implementation details (where this departs from the papers):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
@@ -58,9 +59,11 @@ from arborl.train.config import RLConfig, TrainConfig
 from arborl.train.credit_models import CreditContext, CreditModel
 from arborl.train.interrupt import Interrupted, StopRequest
 from arborl.train.loggers import Metrics
+from arborl.train.profile import PhaseTimer, torch_threads
 from arborl.train.progress import progress
 from arborl.train.rundir import checkpoint_iteration, latest_checkpoint, prune_checkpoints
 from arborl.train.stages import evaluate, policy_dir, specs_for
+from arborl.train.writer import BackgroundWriter, flush, readable, store_episodes
 
 CreditFn = Callable[[StepBatch], Tensor]
 
@@ -201,17 +204,18 @@ def train_rl(
     lrn, start_it = _learner(cfg, start_path, resume_from, env_steps_before, credit_model)
     task_type, actions = _env_actions(make_env, cfg)
     shown: dict[str, float] = {}
+    sink = BackgroundWriter(store) if rc.async_store else contextlib.nullcontext(store)
     try:
-        with StopRequest() as stop:
+        with StopRequest() as stop, sink as sink:
             for it in progress(range(start_it, rc.iterations), "rl", total=rc.iterations - start_it, status=shown):
-                row = _iteration(cfg, it, lrn, make_env, store, credit, task_type, actions)
+                row = _iteration(cfg, it, lrn, make_env, sink, credit, task_type, actions)
                 metrics.log("rl", it + 1, row)
                 shown.update(loss=row.get("loss/policy", 0.0), success=row["train/success"], reward=row["train/reward"])
                 last = it + 1 == rc.iterations
                 if stop.requested and not last:
-                    raise Interrupted("rl", it + 1, _save(cfg, lrn, it + 1))
+                    raise Interrupted("rl", it + 1, _save(cfg, lrn, it + 1, sink=sink))
                 if rc.checkpoint_every and (it + 1) % rc.checkpoint_every == 0 and not last:
-                    _save(cfg, lrn, it + 1)
+                    _save(cfg, lrn, it + 1, sink=sink)
     except KeyboardInterrupt:  # a second Ctrl-C: the iteration in flight is dropped
         ckpt = latest_checkpoint(cfg.run_dir)
         raise Interrupted("rl", checkpoint_iteration(ckpt) if ckpt else None, ckpt) from None
@@ -222,39 +226,47 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
                task_type: str, actions: list[str]) -> dict[str, float]:
     """One iteration: rollout, store, credit, loss + update; returns its metrics row."""
     rc = cfg.rl
+    phase = PhaseTimer()
     # rollout: G members per task share the seed, hence the initial state
     offsets = torch.randint(0, cfg.env.train_seed_count, (rc.tasks_per_iter,), generator=lrn.task_gen).tolist()
     seeds = [cfg.env.train_seed_start + o for o in offsets]
     specs = specs_for(cfg, task_type, seeds, group_size=rc.group_size, group_prefix=f"rl{it}")
     policy = ModelPolicy(lrn.model, ChatRenderer(lrn.tok, cfg.policy.system_prompt or None))
     trunk_kv = PrefixCache() if rc.branch or rc.tree else None  # trunk caches for the continuations
-    rolled = run_episodes(policy, make_env, specs, cfg.rollout, generator=lrn.gen,
-                          policy_version=it, iteration=it, source="rl", prefix_cache=trunk_kv)
+    with phase("rollout"):
+        rolled = run_episodes(policy, make_env, specs, cfg.rollout, generator=lrn.gen,
+                              policy_version=it, iteration=it, source="rl", prefix_cache=trunk_kv)
     n_sampled = len(rolled)
-    if rc.tree:  # k continuations re-sampled from picked turns of each group
-        rolled += run_episodes(policy, make_env, tree_specs(rolled, k=rc.tree_k, nodes=rc.tree_nodes,
-                                                            select=rc.tree_select, generator=lrn.gen),
-                               cfg.rollout, generator=lrn.gen, policy_version=it, iteration=it, source="rl-tree",
-                               prefix_cache=trunk_kv)
+    if rc.tree:  # k continuations re-sampled from picked turns of each group (timed with the branches)
+        with phase("branch"):
+            rolled += run_episodes(policy, make_env, tree_specs(rolled, k=rc.tree_k, nodes=rc.tree_nodes,
+                                                                select=rc.tree_select, generator=lrn.gen),
+                                   cfg.rollout, generator=lrn.gen, policy_version=it, iteration=it,
+                                   source="rl-tree", prefix_cache=trunk_kv)
     if rc.branch:  # every untried action at every visited state, finished by the policy
-        rolled += run_episodes(policy, make_env, branch_specs(rolled[:n_sampled], actions),
-                               _branch_rollout_config(cfg), generator=lrn.gen, policy_version=it, iteration=it,
-                               source="rl-branch", prefix_cache=trunk_kv)
-    # store: persist, then train on what the store returns
-    episodes = store.get_many(store.put_many(rolled))
+        with phase("branch"):
+            rolled += run_episodes(policy, make_env, branch_specs(rolled[:n_sampled], actions),
+                                   _branch_rollout_config(cfg), generator=lrn.gen, policy_version=it, iteration=it,
+                                   source="rl-branch", prefix_cache=trunk_kv)
+    # store: persist (rl.async_store: in the background) and train on the episodes as stored
+    with phase("store"):
+        episodes = store_episodes(store, rolled)
     # credit: one advantage per turn, broadcast to that turn's generated tokens
-    # rl.error_policy: an episode that ended on an env error or a context overflow is no sample of the
-    # policy's play; it is dropped (default) or scored 0
-    broken = [failed(e) for e in episodes]
-    trained = [e for e, b in zip(episodes, broken, strict=True) if not b] if rc.error_policy == "drop" else episodes
-    steps = step_batch(trained, score_key=rc.score_key, invalid_penalty=cfg.rollout.invalid_action_penalty,
-                       zero=broken if rc.error_policy == "zero" else None)
-    groups = _kept_groups(rc, steps)  # rl.filter: the groups credit and the update see
-    pad = lrn.tok.pad_token_id if lrn.tok.pad_token_id is not None else 0
-    batch = collate(trained, pad_id=pad)
-    ctx = CreditContext(cfg, it, trained, steps, batch, lrn.model, lrn.tok, store)
-    extra = lrn.credit_model.step_inputs(ctx) if lrn.credit_model is not None else {}
-    adv = broadcast(credit_on_groups(credit, steps, groups, **extra), batch.step_of_token) * batch.loss_mask
+    with phase("credit"):
+        # rl.error_policy: an episode that ended on an env error or a context overflow is no sample of the
+        # policy's play; it is dropped (default) or scored 0
+        broken = [failed(e) for e in episodes]
+        trained = [e for e, b in zip(episodes, broken, strict=True) if not b] if rc.error_policy == "drop" else episodes
+        steps = step_batch(trained, score_key=rc.score_key, invalid_penalty=cfg.rollout.invalid_action_penalty,
+                           zero=broken if rc.error_policy == "zero" else None)
+        groups = _kept_groups(rc, steps)  # rl.filter: the groups credit and the update see
+        pad = lrn.tok.pad_token_id if lrn.tok.pad_token_id is not None else 0
+        batch = collate(trained, pad_id=pad)
+        ctx = None
+        if lrn.credit_model is not None:  # a credit model may read the store: the writes land first
+            ctx = CreditContext(cfg, it, trained, steps, batch, lrn.model, lrn.tok, readable(store))
+        extra = lrn.credit_model.step_inputs(ctx) if ctx is not None else {}
+        adv = broadcast(credit_on_groups(credit, steps, groups, **extra), batch.step_of_token) * batch.loss_mask
     keep = (adv.abs() > 1e-8).any(-1) if rc.drop_zero_advantage else torch.ones(len(trained), dtype=torch.bool)
     keep &= groups[steps.group]
     # loss + update (on the episodes that carry signal)
@@ -265,11 +277,14 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
     terms = {}
     if len(rows):
         kept = batch.select(rows)
-        ref_logp = None if lrn.ref is None else _ref_logprobs(lrn.ref, kept, rc.minibatch_size,
-                                                              cfg.rollout.sampling.logprob_temperature)
-        terms = _update(lrn.model, lrn.opt, cfg, kept, adv[rows, : kept.input_ids.shape[1]], ref_logp, lrn.gen)
-    if lrn.credit_model is not None:
-        terms |= lrn.credit_model.fit(ctx)
+        with phase("ref_logp"), torch_threads(rc.update_threads):
+            ref_logp = None if lrn.ref is None else _ref_logprobs(lrn.ref, kept, rc.minibatch_size,
+                                                                  cfg.rollout.sampling.logprob_temperature)
+        with phase("update"), torch_threads(rc.update_threads):
+            terms = _update(lrn.model, lrn.opt, cfg, kept, adv[rows, : kept.input_ids.shape[1]], ref_logp, lrn.gen)
+    if ctx is not None:
+        with phase("credit"):  # the credit model's training counts as credit time
+            terms |= lrn.credit_model.fit(ctx)
     # metrics
     n_turns = int(steps.episode.numel())
     lrn.counters["env_steps"] += n_turns
@@ -293,9 +308,10 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
         **{f"train/{k}": v for k, v in episode_metrics(episodes[:n_sampled]).items()},
     }
     if rc.eval_every and ((it + 1) % rc.eval_every == 0 or it + 1 == rc.iterations):
-        row.update(evaluate(cfg, make_env, lrn.model, lrn.tok, n=cfg.eval.probe_episodes, label="probe",
-                            policy_version=it + 1))
-    return row
+        with phase("eval"):
+            row.update(evaluate(cfg, make_env, lrn.model, lrn.tok, n=cfg.eval.probe_episodes, label="probe",
+                                policy_version=it + 1))
+    return {**row, **phase.row()}
 
 
 def _kept_groups(rc: RLConfig, steps: StepBatch) -> Tensor:
@@ -305,8 +321,13 @@ def _kept_groups(rc: RLConfig, steps: StepBatch) -> Tensor:
     return torch.ones(int(steps.group.max()) + 1 if steps.group.numel() else 0, dtype=torch.bool)
 
 
-def _save(cfg: TrainConfig, lrn: _Learner, iteration: int, final: bool = False) -> Path:
-    """Write checkpoint ``rl-<iteration>`` (and ``policy/rl`` when ``final``); keep ``rl.checkpoint_keep`` of them."""
+def _save(cfg: TrainConfig, lrn: _Learner, iteration: int, final: bool = False, sink=None) -> Path:
+    """Write checkpoint ``rl-<iteration>`` (and ``policy/rl`` when ``final``); keep ``rl.checkpoint_keep`` of them.
+
+    The store writes still queued in ``sink`` (a :class:`BackgroundWriter`) are flushed first, so a
+    checkpoint never runs ahead of the episodes stored.
+    """
+    flush(sink)
     path = Path(cfg.run_dir) / "checkpoints" / f"rl-{iteration:06d}"
     save_policy(lrn.model, lrn.tok, path)
     save_trainer_state(path / "trainer_state.pt", {
