@@ -121,18 +121,18 @@ def test_float_noise_in_the_scores_is_not_blown_up_into_a_signal():
 
 def test_a_filter_hands_the_estimator_the_kept_rows_of_the_model_tensors():
     # groups 0 (episodes 0, 2) and 1 (episode 1); keep group 0 only. [N] tensors follow the steps,
-    # [E] tensors the episodes, and the dropped group's steps get 0
+    # [E] tensors (named episode_*) the episodes, and the dropped group's steps get 0
     b = StepBatch(episode=torch.tensor([0, 1, 2, 0]), step=torch.tensor([0, 0, 0, 1]), reward=torch.zeros(4),
                   anchor=torch.zeros(4, dtype=torch.long), group=torch.tensor([0, 1, 0]),
                   score=torch.tensor([1.0, 0.0, 0.0]))
     seen = {}
 
-    def estimator(sub, *, step_scores, bonus):
-        seen.update(steps=step_scores.tolist(), bonus=bonus.tolist())
-        return step_scores + bonus[sub.episode]
+    def estimator(sub, *, step_scores, episode_bonus):
+        seen.update(steps=step_scores.tolist(), bonus=episode_bonus.tolist())
+        return step_scores + episode_bonus[sub.episode]
 
     out = credit_on_groups(estimator, b, torch.tensor([True, False]), step_scores=torch.tensor([0.1, 0.2, 0.3, 0.4]),
-                           bonus=torch.tensor([10.0, 20.0, 30.0]))
+                           episode_bonus=torch.tensor([10.0, 20.0, 30.0]))
     assert seen == {"steps": pytest.approx([0.1, 0.3, 0.4]), "bonus": [10.0, 30.0]}
     assert close(out, [10.1, 0.0, 30.3, 10.4])
     # process under the filter = process on the kept groups alone

@@ -2,7 +2,9 @@
 
 The fingerprints were recorded with the engine as it was before its cache rows were reused and
 its buffers left uninitialised where nothing reads them; any change to the sampled tokens, their
-log-probs, or the random stream moves them.
+log-probs, or the random stream moves them. The ``forced`` case forces a first action without a
+shared prefix (continuations with a prefix have no counterpart in the engine the fingerprints
+were recorded with; tests/rollout/test_branch.py and test_tree.py cover them).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from .conftest import CountEnv
 GOLDEN = {
     "sampled": "f28bafc19c1307ed",
     "top_p": "786103517edc6098",
-    "forced": "2ce5dfcc253ea025",
+    "forced": "27a076c52b5d5948",
 }
 
 
@@ -43,8 +45,7 @@ def _run(model, renderer, case: str):
     for i in range(17):
         forced = {}
         if case == "forced" and i % 3 == 0:
-            forced = {"replay": (tuple(renderer.encode_response("go")),), "branch_action": "left",
-                      "metadata": {"branch": {"of": "x", "turn": 1}}}
+            forced = {"branch_action": "left"}
         specs.append(EpisodeSpec(f"t{i}", "count", f"g{i // 4}", seed=i, options={"length": 2 + i % 5}, **forced))
     return run_episodes(ModelPolicy(model, renderer), CountEnv, specs, cfg, generator=torch.Generator().manual_seed(7))
 
