@@ -5,6 +5,7 @@
     arborl eval CONFIG.toml [--set ...] [--checkpoint PATH]                   # evaluate, print the table
     arborl config show CONFIG.toml [--set ...]     # the resolved config, each key with default and help
     arborl config keys                             # every config key
+    arborl compare CONFIG.toml --methods grpo,gigpo,... --seeds 3  # methods side by side, equal env steps
     arborl store query|slice|profile|export|expire STORE_URL ...  # inspect a trajectory store
 
 Heavy modules (torch, transformers) are imported by the commands that need them, so ``--help``
@@ -37,6 +38,18 @@ CREDIT_ESTIMATORS: dict[str, tuple[str, Callable[[RLConfig], dict[str, Any]]]] =
     "gigpo": ("gigpo", lambda rl: {"gamma": rl.gamma, "step_weight": rl.step_weight, "norm_by_std": rl.norm_by_std,
                                    "length_neutral": rl.length_neutral, "singleton": rl.singleton}),
     "best_step": ("best_step", lambda rl: {"gamma": rl.gamma}),
+}
+
+# Methods of `arborl compare`: a name -> the config settings it stands for (an rl.credit estimator
+# plus what it needs). A name not listed here means {"rl.credit": name}; `sft_more` is SFT alone.
+COMPARE_METHODS: dict[str, dict[str, Any]] = {
+    "grpo": {"rl.credit": "grpo", "rl.branch": False},
+    "rloo": {"rl.credit": "rloo", "rl.branch": False},
+    "dr_grpo": {"rl.credit": "dr_grpo", "rl.branch": False},
+    "gigpo": {"rl.credit": "gigpo", "rl.branch": False},
+    "best_step": {"rl.credit": "best_step", "rl.branch": True},
+    "starpo_s": {"rl.credit": "grpo", "rl.filter": "starpo_s", "rl.kl_coef": 0.0, "rl.clip_high": 0.28,
+                 "rl.branch": False},
 }
 
 ERROR_TYPES = (
@@ -205,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     from arborl.search.cli import add_search_commands
 
     add_search_commands(sub)
+    from arborl.train.compare import add_compare_command
+
+    add_compare_command(sub)
     return p
 
 
