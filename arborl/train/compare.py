@@ -98,7 +98,7 @@ def env_steps_per_iteration(rl, turns: float, n_actions: int) -> float:
 
     Args:
         rl: The run's ``RLConfig``.
-        turns: Expected turns of an episode (the expert's mean is the estimate the compare uses).
+        turns: Expected turns of an episode (the compare uses the mean of the SFT start's greedy evaluation).
         n_actions: Size of the env's action set (branch rollouts only).
 
     Returns:
@@ -193,12 +193,16 @@ class Runner:
             run.skipped, run.summary = True, json.loads((run.path / "summary.json").read_text())
             run.error = _diverged(run)
             return run
-        cmd = self.command(run)
-        run.path.mkdir(parents=True, exist_ok=True)
         t0 = time.time()
-        with (run.path / "compare.log").open("w") as log:
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "ARBORL_PROGRESS": "0"},
-                                check=False).returncode
+        try:
+            cmd = self.command(run)
+            run.path.mkdir(parents=True, exist_ok=True)
+            with (run.path / "compare.log").open("w") as log:
+                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                    env={**os.environ, "ARBORL_PROGRESS": "0"}, check=False).returncode
+        except OSError as e:  # the run dir cannot be written: this run's row says so, the others go on
+            run.error = f"{type(e).__name__}: {e}"
+            return run
         if rc != 0:
             run.error = _last_error_line(run.path / "compare.log", rc)
         else:
@@ -219,9 +223,8 @@ class Runner:
 
 
 def _seed_turns(sft_run: Run) -> float:
-    """The expert's mean turns per episode in the seed's demonstrations."""
-    s = sft_run.summary or {}
-    return s.get("demo_turns", 0) / max(s.get("demo_episodes", 0), 1) or 1.0
+    """Expected turns of an RL episode: those of the SFT policy's greedy evaluation (RL starts from it)."""
+    return float((sft_run.summary or {}).get("sft", {}).get("turns") or 1.0)
 
 
 def _n_actions(cfg) -> int:
@@ -321,17 +324,27 @@ def method_row(method: str, results: list[dict[str, Any]]) -> dict[str, Any]:
 
 COLUMNS = (
     ("method", "method"),
-    ("success", "greedy success (held-out), mean ± std"),
+    ("success", "success"),
     ("success_by_seed", "per seed"),
-    ("auc", "success AUC over env steps"),
-    ("wall_s", "train wall (s)"),
-    ("tokens", "tokens trained"),
-    ("no_signal_frac", "no-signal groups"),
-    ("env_steps", "RL env steps"),
-    ("iterations", "RL iterations"),
+    ("auc", "AUC"),
+    ("wall_s", "wall s"),
+    ("tokens", "tokens"),
+    ("no_signal_frac", "no-signal"),
+    ("env_steps", "env steps"),
+    ("iterations", "iters"),
     ("error", "error"),
 )
-"""Columns of the printed and Markdown tables: key of a method row, title."""
+"""Columns of the printed and Markdown tables: key of a method row, title (explained in :data:`LEGEND`)."""
+
+LEGEND = (
+    "success: final greedy success on eval.episodes held-out tasks, mean ± std (n - 1) over seeds; "
+    "AUC: mean success along the RL budget (trapezoid area of the success curve over RL env steps / env steps "
+    "spanned; the curve is the SFT start, the probes, then the final evaluation); wall s: training seconds from "
+    "scratch (the seed's SFT + RL, or sft_more's SFT); tokens: model tokens trained on in RL; no-signal: fraction "
+    "of RL groups whose members all succeeded or all failed; env steps, iters: RL rollout turns (branches "
+    "included) and iterations run; means over seeds."
+)
+"""What the columns mean (printed under the Markdown table)."""
 
 
 def _cell(key: str, value: Any) -> str:
@@ -493,7 +506,7 @@ def _write(report: dict[str, Any], out: Path, console) -> None:
              f"{report['budget_env_steps']:,} RL env steps per run")
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps(report, indent=2))
-    (out / "compare.md").write_text(f"{title}\n\n{markdown_table(report['rows'])}")
+    (out / "compare.md").write_text(f"{title}\n\n{markdown_table(report['rows'])}\n{LEGEND}\n")
     plot_compare(report["runs"], out / "compare.png", title)
     if console is not None:
         print_table(report["rows"], title, console)
