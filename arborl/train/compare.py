@@ -50,7 +50,7 @@ from typing import Any
 SFT_MORE = "sft_more"
 DEFAULT_METHODS = ("grpo", "rloo", "dr_grpo", "turn_ppo", "archer", "starpo_s", "gigpo", "prm", "implicit_prm",
                    "tree", "best_step", SFT_MORE)
-DEFAULT_BUDGET = 12_000
+DEFAULT_BUDGET = 20_000
 """Default RL budget of one run in environment steps (sized in docs/credit.md, "Compare")."""
 
 
@@ -172,9 +172,8 @@ def _last_error_line(log: Path, rc: int) -> str:
 class Runner:
     """Runs ``arborl train`` processes for a compare and records their outcome on each :class:`Run`."""
 
-    def __init__(self, config: str, user_sets: Sequence[str], *, jobs: int, resume: bool,
-                 say: Callable[[str], None]) -> None:
-        self.config, self.user_sets, self.jobs, self.resume, self.say = config, list(user_sets), jobs, resume, say
+    def __init__(self, config: str, user_sets: Sequence[str], *, jobs: int, say: Callable[[str], None]) -> None:
+        self.config, self.user_sets, self.jobs, self.say = config, list(user_sets), jobs, say
 
     def command(self, run: Run) -> list[str]:
         """The ``arborl train`` command line of ``run`` (with --resume / --overwrite as its dir needs)."""
@@ -477,7 +476,7 @@ def run_compare(args: CompareArgs, console=None) -> dict[str, Any]:
         except ConfigError as e:
             unknown[m] = str(e)
             say(f"{m}: {e}")
-    runner = Runner(args.config, args.sets, jobs=args.jobs, resume=args.resume, say=say)
+    runner = Runner(args.config, args.sets, jobs=args.jobs, say=say)
     sft_runs = runner.run_all([Run("sft", s, out / f"sft-s{s}", ["synth", "sft", "eval"]) for s in range(args.seeds)])
     ctx = {"out": out, "config": args.config, "user_sets": list(args.sets), "budget": args.budget,
            "n_actions": _n_actions(base), "sft_steps": base.sft.steps}
