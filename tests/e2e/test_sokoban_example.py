@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from clikit import arborl, sets
+from clikit import ROOT, arborl, sets
 
 from arborl.config import load_config
 from arborl.train.config import TrainConfig
@@ -12,7 +12,7 @@ from arborl.train.config import TrainConfig
 def test_the_sokoban_example_loads_with_an_expert_and_a_finite_action_set():
     from arborl.train.common import env_factory
 
-    cfg = load_config(TrainConfig, "examples/sokoban.toml")
+    cfg = load_config(TrainConfig, ROOT / "examples" / "sokoban.toml")
     env = env_factory(cfg.env)()
     obs, _ = env.reset(seed=3)
     turns = 0

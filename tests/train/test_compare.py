@@ -1,6 +1,7 @@
 """arborl compare's pieces: budget translation, aggregation, curves, tables, and the method presets."""
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,8 @@ from arborl.train.compare import (
     resolve_method,
 )
 from arborl.train.config import RLConfig, TrainConfig
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def test_budget_in_env_steps_becomes_iterations_by_hand():
@@ -100,6 +103,6 @@ def test_a_credit_name_without_a_preset_means_that_estimator(monkeypatch):
 @pytest.mark.parametrize("method", sorted(cli.COMPARE_METHODS))
 def test_every_preset_is_a_valid_config_of_both_examples(method):
     sets = [f"{k}={cli._toml_value(v)}" for k, v in resolve_method(method).items()]
-    for example in ("examples/frozenlake.toml", "examples/sokoban.toml"):
-        cfg = load_config(TrainConfig, example, sets)
+    for example in ("frozenlake.toml", "sokoban.toml"):
+        cfg = load_config(TrainConfig, EXAMPLES / example, sets)
         assert cfg.rl.credit == cli.COMPARE_METHODS[method]["rl.credit"]
