@@ -5,6 +5,7 @@
     arborl eval CONFIG.toml [--set ...] [--checkpoint PATH]                   # evaluate, print the table
     arborl config show CONFIG.toml [--set ...]     # the resolved config, each key with default and help
     arborl config keys                             # every config key
+    arborl compare CONFIG.toml --methods grpo,gigpo,... --seeds 3  # methods side by side, equal env steps
     arborl store query|slice|profile|export|expire STORE_URL ...  # inspect a trajectory store
 
 Heavy modules (torch, transformers) are imported by the commands that need them, so ``--help``
@@ -69,6 +70,20 @@ CREDIT_MODELS: dict[str, Callable[..., Any]] = {
     "prm": _lazy_model("arborl.prm.explicit:ExplicitPRM"),
     "implicit_prm": _lazy_model("arborl.prm.implicit:ImplicitPRM", objective="ce", reference="frozen"),
     "istar": _lazy_model("arborl.prm.implicit:ImplicitPRM", objective="dpo", reference="behaviour"),
+}
+
+# Methods of `arborl compare`: a name -> the config settings it stands for (an rl.credit estimator
+# plus what it needs). A name not listed here means {"rl.credit": name}; `sft_more` is SFT alone.
+COMPARE_METHODS: dict[str, dict[str, Any]] = {
+    "grpo": {"rl.credit": "grpo", "rl.branch": False},
+    "rloo": {"rl.credit": "rloo", "rl.branch": False},
+    "dr_grpo": {"rl.credit": "dr_grpo", "rl.branch": False},
+    "gigpo": {"rl.credit": "gigpo", "rl.branch": False},
+    "best_step": {"rl.credit": "best_step", "rl.branch": True},
+    "starpo_s": {"rl.credit": "grpo", "rl.filter": "starpo_s", "rl.kl_coef": 0.0, "rl.clip_high": 0.28,
+                 "rl.branch": False},
+    "tree": {"rl.credit": "tree", "rl.tree": True, "rl.branch": False},
+    **{name: {"rl.credit": name, "rl.branch": False} for name in ("turn_ppo", "archer", "prm", "implicit_prm", "istar")},
 }
 
 ERROR_TYPES = (
@@ -246,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     from arborl.search.cli import add_search_commands
 
     add_search_commands(sub)
+    from arborl.train.compare import add_compare_command
+
+    add_compare_command(sub)
     return p
 
 

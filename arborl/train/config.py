@@ -274,6 +274,9 @@ class RLConfig:
     """Keep only the newest N resumable checkpoints under ``run_dir/checkpoints`` (older ones are deleted)."""
     eval_every: int = 10
     """Evaluate on the small held-out set every N iterations (0: never)."""
+    max_env_steps: int = 0
+    """Stop RL before an iteration once its rollouts (branches included) have taken this many
+    environment steps, even short of ``iterations`` (0: no limit; ``arborl compare`` sets it)."""
 
     def __post_init__(self) -> None:
         _check_positive(self, "iterations", "tasks_per_iter", "group_size", "lr", "ppo_epochs", "minibatch_size",
@@ -285,7 +288,7 @@ class RLConfig:
         if not 0 <= self.gamma <= 1:
             raise ValueError(f"rl.gamma is {self.gamma}; use a discount in [0, 1]")
         for name in ("kl_coef", "entropy_coef", "weight_decay", "warmup_iters", "checkpoint_every", "eval_every",
-                     "update_threads"):
+                     "update_threads", "max_env_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"rl.{name} must be >= 0, got {getattr(self, name)!r}")
         self._check_credit()

@@ -205,10 +205,14 @@ def train_rl(
     task_type, actions = _env_actions(make_env, cfg)
     shown: dict[str, float] = {}
     sink = BackgroundWriter(store) if rc.async_store else contextlib.nullcontext(store)
+    done = start_it
     try:
         with StopRequest() as stop, sink as sink:
             for it in progress(range(start_it, rc.iterations), "rl", total=rc.iterations - start_it, status=shown):
+                if rc.max_env_steps and lrn.counters["env_steps"] - env_steps_before >= rc.max_env_steps:
+                    break  # the env-step budget is spent
                 row = _iteration(cfg, it, lrn, make_env, sink, credit, task_type, actions)
+                done = it + 1
                 metrics.log("rl", it + 1, row)
                 shown.update(loss=row.get("loss/policy", 0.0), success=row["train/success"], reward=row["train/reward"])
                 last = it + 1 == rc.iterations
@@ -219,7 +223,7 @@ def train_rl(
     except KeyboardInterrupt:  # a second Ctrl-C: the iteration in flight is dropped
         ckpt = latest_checkpoint(cfg.run_dir)
         raise Interrupted("rl", checkpoint_iteration(ckpt) if ckpt else None, ckpt) from None
-    return _save(cfg, lrn, rc.iterations, final=True)
+    return _save(cfg, lrn, done, final=True)
 
 
 def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], Env], store, credit: CreditFn,

@@ -1,0 +1,541 @@
+"""``arborl compare``: credit methods side by side on one env, with equal budgets in environment steps.
+
+    arborl compare CONFIG.toml --methods grpo,gigpo,best_step,sft_more --seeds 3 \\
+        [--budget-env-steps N] [--jobs J] [--out DIR] [--resume] [--set key=value ...]
+
+A *method* is a name of :data:`arborl.cli.COMPARE_METHODS` (an ``rl.credit`` estimator plus the
+settings it needs, e.g. ``best_step`` turns branch rollouts on), or any other ``rl.credit`` name
+of the CLI's tables, or ``sft_more``. For each seed the compare first runs one SFT cold start
+(``synth -> sft -> eval`` of the config, run dir ``OUT/sft-s<seed>``); every method of that seed
+starts RL from that checkpoint, so methods differ only in what RL does. Each run is a real
+``arborl train`` in its own process and run directory (``OUT/<method>-s<seed>``), ``--jobs`` of
+them at a time.
+
+Budget: every RL run may spend ``--budget-env-steps`` environment steps of rollouts (branch
+turns included). It is translated into ``rl.iterations`` from the method's expected env steps per
+iteration (:func:`env_steps_per_iteration`; a branch method takes several times more per
+iteration), which sets the length of the learning-rate schedule, and ``rl.max_env_steps`` stops
+the run before the first iteration that would start with the budget spent.
+
+``sft_more`` is the SFT stage alone with more steps: the seed's SFT steps plus as many as fit in
+the median RL run's wall time (at the SFT run's measured seconds per step), evaluated the same way.
+
+Outputs in ``OUT``: ``compare.json``, ``compare.md``, ``compare.png`` (every method's success
+curve over env steps, mean and band of one std over seeds); the table is printed too. A run that
+fails (its last error line) or diverges (a non-finite loss) gets its row with the error, and the
+others go on. ``--resume`` skips the runs that finished and resumes the others (``arborl train
+--resume``).
+
+Settings are applied in this order, later ones winning: the config file, ``--set``, the method's
+preset, then what the compare itself sets (``run_dir``, ``seed``, ``stages``, ``store``,
+``policy.init``, ``rl.iterations``, ``rl.max_env_steps``, ``sft.steps``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SFT_MORE = "sft_more"
+DEFAULT_METHODS = ("grpo", "rloo", "dr_grpo", "turn_ppo", "archer", "starpo_s", "gigpo", "prm", "implicit_prm",
+                   "tree", "best_step", SFT_MORE)
+DEFAULT_BUDGET = 20_000
+"""Default RL budget of one run in environment steps (sized in docs/credit.md, "Compare")."""
+
+
+@dataclass
+class Run:
+    """One ``arborl train`` process of a compare."""
+
+    method: str
+    seed: int
+    path: Path
+    stages: list[str]
+    sets: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    summary: dict[str, Any] | None = None
+    skipped: bool = False
+
+    @property
+    def finished(self) -> bool:
+        """Whether an earlier process completed this run (its summary holds the final evaluation)."""
+        f = self.path / "summary.json"
+        return f.exists() and ("rl" if "rl" in self.stages else "sft") in json.loads(f.read_text())
+
+
+def resolve_method(name: str) -> dict[str, Any]:
+    """The config settings method ``name`` stands for.
+
+    Raises:
+        ConfigError: ``name`` is neither ``sft_more``, a preset nor a credit estimator of this tree.
+    """
+    from arborl import cli
+    from arborl.config import ConfigError
+
+    if name == SFT_MORE:
+        return {}
+    known = set(cli.CREDIT_ESTIMATORS) | set(getattr(cli, "CREDIT_MODELS", {}))
+    preset = cli.COMPARE_METHODS.get(name, {"rl.credit": name})
+    if preset.get("rl.credit") not in known:
+        raise ConfigError(f"unknown method {name!r}: not a preset ({', '.join(sorted(cli.COMPARE_METHODS))}, "
+                          f"{SFT_MORE}) nor an rl.credit of this tree ({', '.join(sorted(known))})")
+    return dict(preset)
+
+
+def env_steps_per_iteration(rl, turns: float, n_actions: int) -> float:
+    """Expected environment steps of one RL iteration.
+
+    Args:
+        rl: The run's ``RLConfig``.
+        turns: Expected turns of an episode (the compare uses the mean of the SFT start's greedy evaluation).
+        n_actions: Size of the env's action set (branch rollouts only).
+
+    Returns:
+        ``tasks * group * turns`` sampled steps; with ``rl.branch`` plus, for each task, the states of
+        one path (``turns`` of them, the group mostly agreeing) times the ``n_actions - 1`` untried
+        actions, each branch re-playing and finishing about a whole episode (``turns`` steps).
+    """
+    sampled = rl.tasks_per_iter * rl.group_size * turns
+    if not rl.branch:
+        return sampled
+    return sampled + rl.tasks_per_iter * turns * max(n_actions - 1, 0) * turns
+
+
+def iterations_for(budget: int, per_iteration: float) -> int:
+    """RL iterations that spend ``budget`` env steps at ``per_iteration`` each (at least 1)."""
+    return max(1, math.ceil(budget / max(per_iteration, 1e-9)))
+
+
+def aggregate(values: Sequence[float]) -> dict[str, float] | None:
+    """Mean and sample standard deviation (n - 1; 0 for one value) of ``values``; None when empty."""
+    if not values:
+        return None
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "n": len(values)}
+
+
+def area_under_curve(points: Sequence[tuple[float, float]]) -> float | None:
+    """Trapezoid area under ``(env_steps, success)`` points divided by the env steps they span.
+
+    The result is the run's mean success along its budget, in [0, 1]; None for fewer than two points.
+    """
+    pts = sorted(points)
+    if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
+        return None
+    area = sum((x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in zip(pts, pts[1:], strict=False))
+    return area / (pts[-1][0] - pts[0][0])
+
+
+def _toml(value: Any) -> str:
+    from arborl.cli import _toml_value
+
+    return _toml_value(value)
+
+
+def _set_args(user_sets: Sequence[str], sets: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    for kv in [*user_sets, *(f"{k}={_toml(v)}" for k, v in sets.items())]:
+        out += ["--set", kv]
+    return out
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    f = path / "metrics.jsonl"
+    return [json.loads(line) for line in f.read_text().splitlines() if line.strip()] if f.exists() else []
+
+
+def _diverged(run: Run) -> str | None:
+    """The first non-finite loss of the run's metrics, as an error line (None when all are finite)."""
+    for row in _rows(run.path):
+        for k, v in row.items():
+            if k.startswith("loss/") and isinstance(v, float) and not math.isfinite(v):
+                return f"diverged: {k} = {v} at {row['stage']} step {row['step']}"
+    return None
+
+
+def _last_error_line(log: Path, rc: int) -> str:
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.exists() else []
+    return f"exit {rc}: {lines[-1] if lines else 'no output'}"
+
+
+class Runner:
+    """Runs ``arborl train`` processes for a compare and records their outcome on each :class:`Run`."""
+
+    def __init__(self, config: str, user_sets: Sequence[str], *, jobs: int, say: Callable[[str], None]) -> None:
+        self.config, self.user_sets, self.jobs, self.say = config, list(user_sets), jobs, say
+
+    def command(self, run: Run) -> list[str]:
+        """The ``arborl train`` command line of ``run`` (with --resume / --overwrite as its dir needs)."""
+        from arborl.train.rundir import RunDir
+
+        sets = {"run_dir": str(run.path), "seed": run.seed, "stages": run.stages, "store": "", **run.sets}
+        cmd = [sys.executable, "-m", "arborl.cli", "train", self.config, *_set_args(self.user_sets, sets)]
+        if run.path.exists():
+            cmd.append("--resume" if RunDir(run.path, default_store=True).started() else "--overwrite")
+        return cmd
+
+    def _one(self, run: Run) -> Run:
+        if run.error is not None:
+            return run
+        if run.finished:
+            run.skipped, run.summary = True, json.loads((run.path / "summary.json").read_text())
+            run.error = _diverged(run)
+            return run
+        t0 = time.time()
+        try:
+            cmd = self.command(run)
+            run.path.mkdir(parents=True, exist_ok=True)
+            with (run.path / "compare.log").open("w") as log:
+                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                    env={**os.environ, "ARBORL_PROGRESS": "0"}, check=False).returncode
+        except OSError as e:  # the run dir cannot be written: this run's row says so, the others go on
+            run.error = f"{type(e).__name__}: {e}"
+            return run
+        if rc != 0:
+            run.error = _last_error_line(run.path / "compare.log", rc)
+        else:
+            run.summary = json.loads((run.path / "summary.json").read_text())
+            run.error = _diverged(run)
+        self.say(f"{run.method} seed {run.seed}: {'failed: ' + run.error if run.error else 'done'} "
+                 f"({time.time() - t0:.0f} s)")
+        return run
+
+    def run_all(self, runs: list[Run]) -> list[Run]:
+        """Run ``runs`` (``jobs`` at a time); finished ones are read back, not rerun."""
+        todo = [r for r in runs if r.error is None and not r.finished]
+        if todo:
+            self.say(f"running {len(todo)} run(s), {min(self.jobs, len(todo))} at a time: "
+                     + ", ".join(f"{r.method}-s{r.seed}" for r in todo))
+        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
+            return list(pool.map(self._one, runs))
+
+
+def _seed_turns(sft_run: Run) -> float:
+    """Expected turns of an RL episode: those of the SFT policy's greedy evaluation (RL starts from it)."""
+    return float((sft_run.summary or {}).get("sft", {}).get("turns") or 1.0)
+
+
+def _n_actions(cfg) -> int:
+    from arborl.train.common import env_factory
+
+    env = env_factory(cfg.env)()
+    try:
+        return len(getattr(env, "actions", None) or ())
+    finally:
+        env.close()
+
+
+def _rl_run(method: str, preset: dict[str, Any], sft_run: Run, ctx: dict[str, Any]) -> Run:
+    """The RL run of ``method`` from the SFT checkpoint of ``sft_run``'s seed, its budget translated."""
+    from arborl.config import ConfigError, load_config
+    from arborl.train.config import TrainConfig
+
+    run = Run(method, sft_run.seed, ctx["out"] / f"{method}-s{sft_run.seed}", ["rl", "eval"])
+    if sft_run.error is not None:
+        run.error = f"the SFT start of seed {sft_run.seed} failed ({sft_run.error})"
+        return run
+    try:
+        cfg = load_config(TrainConfig, ctx["config"], ctx["user_sets"] + [f"{k}={_toml(v)}" for k, v in preset.items()])
+    except ConfigError as e:
+        run.error = str(e)
+        return run
+    per_iter = env_steps_per_iteration(cfg.rl, _seed_turns(sft_run), ctx["n_actions"])
+    run.sets = {**preset, "policy.init": str(sft_run.path / "policy" / "sft"),
+                "rl.iterations": iterations_for(ctx["budget"], per_iter), "rl.max_env_steps": ctx["budget"]}
+    return run
+
+
+def _sft_more_run(sft_run: Run, rl_runs: list[Run], ctx: dict[str, Any]) -> Run:
+    """SFT alone with the seed's SFT steps plus the median RL run's wall time worth of steps."""
+    run = Run(SFT_MORE, sft_run.seed, ctx["out"] / f"{SFT_MORE}-s{sft_run.seed}", ["synth", "sft", "eval"])
+    rl_s = [r.summary["stage_s"]["rl"] for r in rl_runs if r.error is None and r.summary]
+    if sft_run.error is not None or not rl_s:
+        run.error = (f"the SFT start of seed {sft_run.seed} failed" if sft_run.error is not None
+                     else "no RL run finished, so there is no RL wall time to match")
+        return run
+    steps = ctx["sft_steps"]
+    per_step = sft_run.summary["stage_s"]["sft"] / steps
+    run.sets = {"sft.steps": steps + round(statistics.median(rl_s) / per_step)}
+    return run
+
+
+def no_signal_fraction(run_dir: Path) -> float | None:
+    """Fraction of the run's RL groups (sampled members, branches left out) whose members all succeeded or all
+    failed: no group-relative signal. None when the run stored no RL episode.
+    """
+    from arborl.store import open_store
+
+    groups: dict[str, set[bool]] = {}
+    with open_store(f"sqlite:///{run_dir}/trajectories.db") as store:
+        for row in store.iter_rows(source="rl"):
+            groups.setdefault(row.group_id, set()).add(bool(row.success))
+    return sum(len(v) == 1 for v in groups.values()) / len(groups) if groups else None
+
+
+def run_result(run: Run, sft_run: Run | None) -> dict[str, Any]:
+    """One run's numbers: final greedy success, its curve over RL env steps and its area, wall, tokens, env steps."""
+    out: dict[str, Any] = {"method": run.method, "seed": run.seed, "run_dir": str(run.path), "error": run.error}
+    if run.error is not None or run.summary is None:
+        return out
+    s = run.summary
+    if run.method == SFT_MORE:
+        out.update(success=s["sft"]["success"], wall_s=s["stage_s"]["sft"], env_steps=0,
+                   sft_steps=run.sets.get("sft.steps"))
+        return out
+    rl_rows = [r for r in _rows(run.path) if r["stage"] == "rl"]
+    points = [(0, sft_run.summary["sft"]["success"])] + [(r["env_steps"], r["success"]) for r in rl_rows if "success" in r]
+    points.append((s["env_steps"], s["rl"]["success"]))
+    out.update(success=s["rl"]["success"], points=points, auc=area_under_curve(points),
+               wall_s=sft_run.summary["stage_s"]["sft"] + s["stage_s"]["rl"], tokens=s["tokens"],
+               env_steps=s["env_steps"], iterations=rl_rows[-1]["step"] if rl_rows else 0,
+               no_signal_frac=no_signal_fraction(run.path))
+    return out
+
+
+METRIC_KEYS = ("success", "auc", "wall_s", "tokens", "no_signal_frac", "env_steps", "iterations")
+
+
+def method_row(method: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Aggregate one method's per-seed results: mean and std of each metric over the seeds that finished."""
+    ok = [r for r in results if r["error"] is None]
+    row: dict[str, Any] = {"method": method, "seeds": [r["seed"] for r in results], "seeds_ok": len(ok),
+                           "success_by_seed": [r.get("success") for r in results]}
+    for k in METRIC_KEYS:
+        row[k] = aggregate([r[k] for r in ok if r.get(k) is not None])
+    errors = [r["error"] for r in results if r["error"] is not None]
+    if errors and len(set(errors)) == 1 and not ok:
+        row["error"] = errors[0]  # the same cause for every seed (an unknown method): said once
+    else:
+        row["error"] = "; ".join(f"seed {r['seed']}: {r['error']}" for r in results if r["error"] is not None) or None
+    return row
+
+
+COLUMNS = (
+    ("method", "method"),
+    ("success", "success"),
+    ("success_by_seed", "per seed"),
+    ("auc", "AUC"),
+    ("wall_s", "wall s"),
+    ("tokens", "tokens"),
+    ("no_signal_frac", "no-signal"),
+    ("env_steps", "env steps"),
+    ("iterations", "iters"),
+    ("error", "error"),
+)
+"""Columns of the printed and Markdown tables: key of a method row, title (explained in :data:`LEGEND`)."""
+
+LEGEND = (
+    "success: final greedy success on eval.episodes held-out tasks, mean ± std (n - 1) over seeds; "
+    "AUC: mean success along the RL budget (trapezoid area of the success curve over RL env steps / env steps "
+    "spanned; the curve is the SFT start, the probes, then the final evaluation); wall s: training seconds from "
+    "scratch (the seed's SFT + RL, or sft_more's SFT); tokens: model tokens trained on in RL; no-signal: fraction "
+    "of RL groups whose members all succeeded or all failed; env steps, iters: RL rollout turns (branches "
+    "included) and iterations run; means over seeds."
+)
+"""What the columns mean (printed under the Markdown table)."""
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "—" if key != "error" else ""
+    if key == "success_by_seed":
+        return " / ".join("—" if v is None else f"{v:.3f}" for v in value)
+    if isinstance(value, dict):
+        digits = {"success": 3, "auc": 3, "no_signal_frac": 2}.get(key, 0)
+        mean = f"{value['mean']:,.{digits}f}"
+        return f"{mean} ± {value['std']:.{digits}f}" if key in ("success", "auc") else mean
+    return str(value)
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """The method rows as a Markdown table (success and AUC as mean ± std, the rest as means)."""
+    lines = ["| " + " | ".join(t for _, t in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_cell(k, r.get(k)).replace("|", "/") for k, _ in COLUMNS) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def print_table(rows: list[dict[str, Any]], title: str, console) -> None:
+    """Print the method rows with rich."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    cols = [(k, t) for k, t in COLUMNS if k != "error"]  # errors are long: printed under the table
+    for k, t in cols:
+        table.add_column(t, justify="left" if k == "method" else "right")
+    for r in rows:
+        table.add_row(*[_cell(k, r.get(k)) + (" (error)" if k == "method" and r["error"] else "") for k, _ in cols])
+    console.print(table)
+    for r in rows:
+        if r["error"]:
+            console.print(f"{r['method']}: error: {r['error']}", soft_wrap=True, highlight=False)
+
+
+def mean_curve(curves: list[list[tuple[float, float]]], n: int = 50) -> tuple[list[float], list[float], list[float]]:
+    """Seeds' success curves on one env-step grid (0 to the shortest curve's end): x, mean, std."""
+    import numpy as np
+
+    end = min(c[-1][0] for c in curves)
+    xs = np.linspace(0.0, end, n)
+    ys = np.stack([np.interp(xs, [p[0] for p in c], [p[1] for p in c]) for c in curves])
+    std = ys.std(axis=0, ddof=1) if len(curves) > 1 else np.zeros(n)
+    return xs.tolist(), ys.mean(axis=0).tolist(), std.tolist()
+
+
+def plot_compare(results: list[dict[str, Any]], path: Path, title: str) -> Path:
+    """Every method's held-out success over RL env steps (mean line, band of one std over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
+    methods = list(dict.fromkeys(r["method"] for r in results))
+    for i, m in enumerate(methods):
+        ok = [r for r in results if r["method"] == m and r["error"] is None]
+        color = f"C{i % 10}"
+        if m == SFT_MORE and ok:
+            vals = [r["success"] for r in ok]
+            mu, sd = statistics.fmean(vals), statistics.stdev(vals) if len(vals) > 1 else 0.0
+            ax.axhline(mu, color=color, linestyle="--", label=f"{m} ({mu:.2f})")
+            ax.axhspan(mu - sd, mu + sd, color=color, alpha=0.12)
+        elif ok:
+            xs, mu, sd = mean_curve([r["points"] for r in ok])
+            ax.plot(xs, mu, color=color, label=f"{m} ({statistics.fmean(r['success'] for r in ok):.2f})")
+            ax.fill_between(xs, [a - b for a, b in zip(mu, sd, strict=True)], [a + b for a, b in zip(mu, sd, strict=True)],
+                            color=color, alpha=0.15)
+    ax.set_xlabel("RL environment steps (from the shared SFT checkpoint)")
+    ax.set_ylabel("held-out success (greedy)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+@dataclass(frozen=True)
+class CompareArgs:
+    """What ``arborl compare`` was asked to do."""
+
+    config: str
+    methods: tuple[str, ...]
+    seeds: int
+    budget: int = DEFAULT_BUDGET
+    jobs: int = 1
+    out: str = ""
+    resume: bool = False
+    sets: tuple[str, ...] = ()
+
+    def check(self) -> None:
+        """Refuse (ConfigError, with the fix) a request that cannot run."""
+        from arborl.config import ConfigError
+
+        if not self.methods:
+            raise ConfigError("--methods is empty; name at least one method, e.g. --methods grpo,gigpo")
+        for name, v in (("--seeds", self.seeds), ("--budget-env-steps", self.budget), ("--jobs", self.jobs)):
+            if v < 1:
+                raise ConfigError(f"{name} is {v}; it must be >= 1")
+        out = Path(self.out)
+        if not self.resume and out.is_dir() and any(p.is_dir() for p in out.iterdir()):
+            raise ConfigError(f"--out {self.out!r} already holds runs of an earlier compare; pass --resume to "
+                              "continue it or another --out")
+
+
+def run_compare(args: CompareArgs, console=None) -> dict[str, Any]:
+    """Run the compare in ``args.out`` and write compare.json, compare.md and compare.png there.
+
+    Returns:
+        The content of compare.json: the request, one row per method and one result per run.
+    """
+    from arborl.config import ConfigError, load_config
+    from arborl.train.config import TrainConfig
+
+    args.check()
+    say = (lambda m: console.print(m, soft_wrap=True, highlight=False)) if console is not None else (lambda m: None)
+    base = load_config(TrainConfig, args.config, list(args.sets))  # a bad config fails before any run
+    out = Path(args.out)
+    presets: dict[str, dict[str, Any]] = {}
+    unknown: dict[str, str] = {}
+    for m in args.methods:
+        try:
+            presets[m] = resolve_method(m)
+        except ConfigError as e:
+            unknown[m] = str(e)
+            say(f"{m}: {e}")
+    runner = Runner(args.config, args.sets, jobs=args.jobs, say=say)
+    sft_runs = runner.run_all([Run("sft", s, out / f"sft-s{s}", ["synth", "sft", "eval"]) for s in range(args.seeds)])
+    ctx = {"out": out, "config": args.config, "user_sets": list(args.sets), "budget": args.budget,
+           "n_actions": _n_actions(base), "sft_steps": base.sft.steps}
+    rl_runs = runner.run_all([_rl_run(m, presets[m], sr, ctx) for m in presets if m != SFT_MORE for sr in sft_runs])
+    more = runner.run_all([_sft_more_run(sr, rl_runs, ctx) for sr in sft_runs]) if SFT_MORE in presets else []
+    by_seed = {r.seed: r for r in sft_runs}
+    results = [run_result(r, by_seed[r.seed]) for r in rl_runs + more]
+    results += [{"method": m, "seed": s, "run_dir": None, "error": e} for m, e in unknown.items() for s in range(args.seeds)]
+    rows = [method_row(m, [r for r in results if r["method"] == m]) for m in args.methods]
+    report = {"config": args.config, "sets": list(args.sets), "methods": list(args.methods), "seeds": args.seeds,
+              "budget_env_steps": args.budget, "out": str(out),
+              "sft": [run_result_sft(r) for r in sft_runs], "rows": rows, "runs": results}
+    _write(report, out, console)
+    return report
+
+
+def run_result_sft(run: Run) -> dict[str, Any]:
+    """The shared SFT start of one seed: its success, demonstrations and SFT seconds (or its error)."""
+    s = run.summary or {}
+    return {"seed": run.seed, "run_dir": str(run.path), "error": run.error, "success": s.get("sft", {}).get("success"),
+            "demo_turns": s.get("demo_turns"), "sft_s": s.get("stage_s", {}).get("sft")}
+
+
+def _write(report: dict[str, Any], out: Path, console) -> None:
+    title = (f"arborl compare {report['config']}: {report['seeds']} seed(s), "
+             f"{report['budget_env_steps']:,} RL env steps per run")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.json").write_text(json.dumps(report, indent=2))
+    (out / "compare.md").write_text(f"{title}\n\n{markdown_table(report['rows'])}\n{LEGEND}\n")
+    plot_compare(report["runs"], out / "compare.png", title)
+    if console is not None:
+        print_table(report["rows"], title, console)
+        console.print(f"table: {out}/compare.md  json: {out}/compare.json  curves: {out}/compare.png")
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    out = args.out or f"runs/compare-{Path(args.config).stem}"
+    req = CompareArgs(args.config, methods, args.seeds, args.budget_env_steps, args.jobs, out, args.resume,
+                      tuple(args.set or ()))
+    report = run_compare(req, console=Console())
+    return 1 if any(r["error"] for r in report["rows"]) else 0
+
+
+def add_compare_command(sub: Any) -> None:
+    """Register ``arborl compare`` on the CLI's subparsers."""
+    p = sub.add_parser("compare", help="run credit methods side by side (equal env steps, several seeds) and "
+                                       "tabulate them")
+    p.add_argument("config", help="TOML config file, e.g. examples/frozenlake.toml")
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                   help="comma-separated methods (presets of arborl.cli.COMPARE_METHODS, rl.credit names, sft_more)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per method (default 3)")
+    p.add_argument("--budget-env-steps", type=int, default=DEFAULT_BUDGET,
+                   help=f"RL environment steps per run, branches included (default {DEFAULT_BUDGET:,})")
+    p.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
+                   help="runs at a time, each its own process (default: usable cores)")
+    p.add_argument("--out", default="", help="output folder (default runs/compare-<config name>)")
+    p.add_argument("--resume", action="store_true", help="skip finished runs, resume interrupted ones")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value for every run")
+    p.set_defaults(func=_compare)

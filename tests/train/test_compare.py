@@ -1,0 +1,108 @@
+"""arborl compare's pieces: budget translation, aggregation, curves, tables, and the method presets."""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from arborl import cli
+from arborl.config import ConfigError, load_config
+from arborl.train.compare import (
+    SFT_MORE,
+    aggregate,
+    area_under_curve,
+    env_steps_per_iteration,
+    iterations_for,
+    markdown_table,
+    mean_curve,
+    method_row,
+    resolve_method,
+)
+from arborl.train.config import RLConfig, TrainConfig
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_budget_in_env_steps_becomes_iterations_by_hand():
+    group = RLConfig(tasks_per_iter=16, group_size=4, branch=False)
+    # 16 tasks x 4 rollouts x 3.5 turns
+    assert env_steps_per_iteration(group, 3.5, 4) == 224
+    # branches: 16 tasks x 3.5 states x 3 untried actions x 3.5 turns each = 588 more
+    branch = RLConfig(tasks_per_iter=16, group_size=4, branch=True)
+    assert env_steps_per_iteration(branch, 3.5, 4) == 224 + 588
+    assert iterations_for(6000, 224) == 27  # 26.79 rounded up: the budget is spent, not left over
+    assert iterations_for(6000, 812) == 8  # 7.39: a branch method gets fewer iterations of the same budget
+    assert iterations_for(6000, 6000) == 1
+    assert iterations_for(10, 1e6) == 1  # never 0 iterations
+
+
+def test_aggregate_mean_and_sample_std_by_hand():
+    a = aggregate([0.5, 0.7, 0.9])
+    assert a["mean"] == pytest.approx(0.7)
+    assert a["std"] == pytest.approx(0.2)  # sqrt((0.04 + 0 + 0.04) / 2)
+    assert a["n"] == 3
+    assert aggregate([0.25]) == {"mean": 0.25, "std": 0.0, "n": 1}
+    assert aggregate([]) is None
+
+
+def test_area_under_curve_is_mean_success_over_env_steps():
+    # (100 * 0.6 + 200 * 0.8) / 300
+    assert area_under_curve([(0, 0.5), (100, 0.7), (300, 0.9)]) == pytest.approx(220 / 300)
+    assert area_under_curve([(300, 0.9), (0, 0.5), (100, 0.7)]) == pytest.approx(220 / 300)  # order-free
+    assert area_under_curve([(0, 0.4), (50, 0.4), (50, 0.4)]) == pytest.approx(0.4)  # zero-width segment
+    assert area_under_curve([(0, 0.5)]) is None
+
+
+def test_mean_curve_interpolates_seeds_on_one_grid():
+    xs, mu, sd = mean_curve([[(0, 0.0), (100, 1.0)], [(0, 0.5), (200, 0.5)]], n=3)
+    assert xs == [0.0, 50.0, 100.0]  # up to the shorter curve's end
+    assert mu == pytest.approx([0.25, 0.5, 0.75])
+    assert sd[-1] == pytest.approx(math.sqrt(0.125))  # stdev(1.0, 0.5)
+
+
+def _result(method, seed, success, auc=0.5, error=None):
+    return {"method": method, "seed": seed, "error": error, "success": success, "auc": auc, "wall_s": 10.0 * (seed + 1),
+            "tokens": 100, "no_signal_frac": 0.5, "env_steps": 1000, "iterations": 4}
+
+
+def test_method_row_aggregates_finished_seeds_and_keeps_the_error():
+    row = method_row("grpo", [_result("grpo", 0, 0.6), _result("grpo", 1, 0.8), _result("grpo", 2, None, error="exit 1: boom")])
+    assert row["seeds_ok"] == 2
+    assert row["success"]["mean"] == pytest.approx(0.7)
+    assert row["success"]["std"] == pytest.approx(math.sqrt(0.02))  # stdev(0.6, 0.8)
+    assert row["wall_s"]["mean"] == pytest.approx(15.0)
+    assert row["error"] == "seed 2: exit 1: boom"
+    assert row["success_by_seed"] == [0.6, 0.8, None]
+    md = markdown_table([row])
+    assert "| grpo | 0.700 ± 0.141 | 0.600 / 0.800 / — | 0.500 ± 0.000 | 15 | 100 | 0.50 | 1,000 | 4 | seed 2: exit 1: boom |" in md
+
+
+def test_method_row_of_a_method_that_never_ran_says_its_error_once():
+    err = "unknown method 'x'"
+    row = method_row("x", [{"method": "x", "seed": s, "error": err} for s in range(3)])
+    assert row["error"] == err
+    assert row["seeds_ok"] == 0 and row["success"] is None
+
+
+def test_presets_resolve_to_the_settings_each_method_needs():
+    assert resolve_method("best_step") == {"rl.credit": "best_step", "rl.branch": True}
+    assert resolve_method("grpo")["rl.branch"] is False
+    s = resolve_method("starpo_s")
+    assert (s["rl.filter"], s["rl.kl_coef"], s["rl.clip_high"]) == ("starpo_s", 0.0, 0.28)
+    assert resolve_method(SFT_MORE) == {}
+    with pytest.raises(ConfigError, match="unknown method 'no_such_method'"):
+        resolve_method("no_such_method")
+
+
+def test_a_credit_name_without_a_preset_means_that_estimator(monkeypatch):
+    # a branch that adds an estimator to the CLI's table gets it into compare without a preset
+    monkeypatch.setitem(cli.CREDIT_ESTIMATORS, "new_estimator", ("grpo", lambda rl: {}))
+    assert resolve_method("new_estimator") == {"rl.credit": "new_estimator"}
+
+
+@pytest.mark.parametrize("method", sorted(cli.COMPARE_METHODS))
+def test_every_preset_is_a_valid_config_of_both_examples(method):
+    sets = [f"{k}={cli._toml_value(v)}" for k, v in resolve_method(method).items()]
+    for example in ("frozenlake.toml", "sokoban.toml"):
+        cfg = load_config(TrainConfig, EXAMPLES / example, sets)
+        assert cfg.rl.credit == cli.COMPARE_METHODS[method]["rl.credit"]
