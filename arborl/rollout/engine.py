@@ -178,11 +178,8 @@ def run_episodes(
                 else:
                     live[slot] = (index, lv)
             _fail_if_stuck(queue, bool(live or free), results, meta, cfg.env_timeout_s)
-            for slot, (_, lv) in list(live.items()):
-                if lv.n_tokens + len(lv.prompt) + cfg.sampling.max_new_tokens + 1 > limit:
-                    if lv.episode.turns:
-                        lv.episode.turns[-1].truncated = True
-                    finish(slot, "max_context")
+            for slot in _overlong(live, cfg, limit):
+                finish(slot, "max_context")
             if live:
                 for slot, stop in _play_turn(session, live, cfg, limit, policy.renderer, policy_version, workers):
                     finish(slot, stop)
@@ -192,6 +189,17 @@ def run_episodes(
     if any(ep is None for ep in results):
         raise RuntimeError("run_episodes lost an episode; this is a bug in the rollout engine")
     return [ep for ep in results if ep is not None]
+
+
+def _overlong(live: dict[int, tuple[int, _Live]], cfg: RolloutConfig, limit: int) -> list[int]:
+    """The live slots whose next turn would not fit in ``limit`` tokens (their last turn marked truncated)."""
+    out = []
+    for slot, (_, lv) in live.items():
+        if lv.n_tokens + len(lv.prompt) + cfg.sampling.max_new_tokens + 1 > limit:
+            if lv.episode.turns:
+                lv.episode.turns[-1].truncated = True
+            out.append(slot)
+    return out
 
 
 def _play_turn(
