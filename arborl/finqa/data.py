@@ -208,7 +208,7 @@ def generate_example(seed: int, *, test: bool, test_frac: float = 0.2, kinds: tu
         if _fits(kind, value) and _fits(kind, _exact(flawed)) and abs(_exact(flawed) - value) > 0.02 * abs(value):
             break
     table = [["item", *map(str, years)], *([x, *map(str, t[x])] for x in ITEMS)]
-    pre = [f"{company} : selected financial data , in millions of dollars , for the years {years[0]} to {years[-1]} ."]
+    pre = [f"{company} , in millions of dollars :"]
     return Example(id=f"finqa-gen-{seed}", question=question, table=table, exe_ans=value,
                    answer=render_answer(value, unit, kind), unit=unit, company=company, pre_text=pre,
                    program=program, expression=expression, kind=kind, split="test" if test else "train",
@@ -218,27 +218,26 @@ def generate_example(seed: int, *, test: bool, test_frac: float = 0.2, kinds: tu
 def render_document(ex: Example) -> str:
     """The statement as the model reads it: pre-text, one line per table row, post-text.
 
-    A row reads ``revenue : 2019 812 , 2020 901`` (each value right after its year), so every
-    number is a separate word; the header row only names the years and is not repeated.
+    A row reads ``revenue 2019 812 , revenue 2020 901``: every value right after its item and
+    year, every number a separate word (a lookup is then a match on the two words before it).
     """
     header, *rows = ex.table
     lines = [*ex.pre_text]
     for row in rows:
         label, *cells = row
-        lines.append(f"{label} : " + " , ".join(f"{y} {v}" for y, v in zip(header[1:], cells, strict=False)))
+        lines.append(" , ".join(f"{label} {y} {v}" for y, v in zip(header[1:], cells, strict=False)))
     lines += ex.post_text
     return "\n".join(lines)
 
 
 @functools.lru_cache(maxsize=1)
 def number_words() -> tuple[str, ...]:
-    """Every number word a generated table, calculator result or answer can hold, as the calculator prints it."""
+    """Every number a generated table or calculator result can hold, as the calculator prints it (4,142 words)."""
     from arborl.tools.calculator import format_number
 
-    words = {str(v) for v in range(-999, 1000)}
-    words |= {format_number(round(v / 10, 1)) for v in range(-999, 1000)}
-    words |= {format_number(round(v / 100, 2)) for v in range(0, 500)}
-    words |= {f"{v / 100:.2f}" for v in range(0, 500)} | {f"{v / 10:.1f}%" for v in range(-999, 1000)}
+    words = {str(v) for v in range(-999, 1000)}  # cells, differences
+    words |= {format_number(round(v / 10, 1)) for v in range(-999, 1000) if abs(v) >= 55}  # percentages
+    words |= {format_number(round(v / 100, 2)) for v in range(55, 500)}  # ratios
     return tuple(sorted(words))
 
 

@@ -6,7 +6,8 @@
 * a **task source**: seed -> :class:`~arborl.env.tool_env.Task`. Seeds below ``heldout_from``
   are training questions, the others held out (disjoint companies, see :mod:`arborl.finqa.data`).
   Generated on the fly from the seed, or read from ``train_file`` / ``test_file`` (JSONL);
-* a **tool table**: the calculator (:data:`~arborl.tools.calculator.CALCULATOR`) and, unless
+* a **tool table**: the calculator (:func:`arborl.tools.calculator.calculator`, with a short
+  description) and, unless
   ``sandbox = "none"``, the ``python`` tool on a sandbox of the chosen backend, created on the
   first ``python`` call of an episode and closed when the episode ends;
 * a **reward**: :func:`arborl.finqa.reward.score` (1.0 within relative tolerance 1e-2).
@@ -30,6 +31,7 @@ import functools
 import hashlib
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from arborl.config import ConfigError
@@ -37,11 +39,12 @@ from arborl.env.tool_env import Task, ToolEnv
 from arborl.finqa.data import Example, generate_example, number_words, read_jsonl, render_document
 from arborl.finqa.reward import score
 from arborl.sandbox import BACKENDS, Sandbox
-from arborl.tools.calculator import CALCULATOR
-from arborl.tools.formats import HermesFormat
+from arborl.tools.calculator import calculator as evaluate_expression
+from arborl.tools.function import FunctionTool
+from arborl.tools.formats import HermesFormat, ParsedTurn
 from arborl.tools.python_tool import PythonTool
 
-INSTRUCTIONS = "Answer the question about the statement . Use the calculator for arithmetic , then give only the number ."
+INSTRUCTIONS = "Answer with a number . Use the calculator ."
 
 
 class SandboxedPython:
@@ -53,8 +56,8 @@ class SandboxedPython:
     """
 
     name = PythonTool.name
-    description = PythonTool.description
-    parameters = PythonTool.parameters
+    description = "Run Python code in a fresh sandbox and return what it prints."
+    parameters = {**PythonTool.parameters, "properties": {"code": {"type": "string"}}}
 
     def __init__(self, backend: str, wall_s: float = 5.0) -> None:
         self.backend, self.wall_s = backend, wall_s
@@ -68,6 +71,47 @@ class SandboxedPython:
     def release(self, instance: PythonTool) -> None:
         """Close the episode's sandbox."""
         instance.sandbox.close()
+
+
+@dataclass(frozen=True)
+class CompactHermes:
+    """Hermes JSON calls and ``<tool_response>`` results, with a one-line-per-tool prompt.
+
+    The calls, parsing and results are :class:`~arborl.tools.formats.HermesFormat`'s; only the
+    instructions are shorter (the tool names and argument names, no JSON schemas), so a small
+    from-scratch policy's context holds the statement rather than the protocol. A real instruct
+    model gets the full Hermes prompt (``tool_prompt = "hermes"``).
+    """
+
+    hermes: HermesFormat = field(default_factory=HermesFormat)
+    name: str = "hermes"
+
+    def instructions(self, tools: Sequence[Any]) -> str:
+        """One line per tool and the call and answer syntax."""
+        lines = " ; ".join(f"{t.name} ( {' , '.join(t.parameters.get('properties', {}))} ) : {t.description}" for t in tools)
+        return (f"Tools : {lines} . Call : <tool_call> {{\"name\": ..., \"arguments\": {{...}}}} </tool_call> . "
+                "Answer : <answer> ... </answer> .")
+
+    def parse(self, text: str) -> ParsedTurn:
+        """As :meth:`HermesFormat.parse`."""
+        return self.hermes.parse(text)
+
+    def render(self, results: Sequence[str]) -> str:
+        """As :meth:`HermesFormat.render`."""
+        return self.hermes.render(results)
+
+
+def calculator(expression: str) -> str:
+    """Evaluate arithmetic and return the number.
+
+    Args:
+        expression: e.g. "round( ( 520 - 445 ) / 445 * 100 , 1 )".
+    """
+    return evaluate_expression(expression)
+
+
+CALCULATOR = FunctionTool(calculator)
+"""The landed safe calculator, with a description short enough for a small policy's context."""
 
 
 @functools.lru_cache(maxsize=8)
@@ -93,7 +137,7 @@ def calculator_call(expression: str) -> str:
 
 def finqa_env(*, train_file: str = "", test_file: str = "", heldout_from: int = 1_000_000_000,
               test_frac: float = 0.2, oracle_error: float = 0.0, sandbox: str = "bwrap",
-              max_steps: int = 4, instructions: str = "system") -> ToolEnv:
+              max_steps: int = 4, instructions: str = "system", tool_prompt: str = "hermes") -> ToolEnv:
     """The FinQA :class:`~arborl.env.tool_env.ToolEnv` (see the module docstring).
 
     Args:
@@ -105,6 +149,8 @@ def finqa_env(*, train_file: str = "", test_file: str = "", heldout_from: int = 
         sandbox: Backend of the ``python`` tool's sandbox, or ``"none"`` for no python tool.
         max_steps: Turns per episode.
         instructions: Where the tool instructions go, ``"system"`` or ``"user"``.
+        tool_prompt: ``"hermes"``: the Hermes prompt with the tools' JSON schemas (what a real
+            model's chat template expects); ``"compact"``: :class:`CompactHermes`'s short one.
 
     Raises:
         ConfigError: ``sandbox`` names an unknown backend, or ``oracle_error`` is not a share.
@@ -112,6 +158,8 @@ def finqa_env(*, train_file: str = "", test_file: str = "", heldout_from: int = 
     """
     if sandbox != "none" and sandbox not in BACKENDS:
         raise ConfigError(f"env.kwargs.sandbox = {sandbox!r}; choose one of {sorted(BACKENDS)} or 'none'")
+    if tool_prompt not in ("hermes", "compact"):
+        raise ConfigError(f"env.kwargs.tool_prompt = {tool_prompt!r}; use 'hermes' or 'compact'")
     if not 0 <= oracle_error <= 1:
         raise ConfigError(f"env.kwargs.oracle_error = {oracle_error}; give a share in [0, 1]")
     train = _file(train_file) if train_file else None
@@ -135,7 +183,7 @@ def finqa_env(*, train_file: str = "", test_file: str = "", heldout_from: int = 
         return calculator_call(expression)
 
     tools: list[Any] = [CALCULATOR] + ([SandboxedPython(sandbox)] if sandbox != "none" else [])
-    env = ToolEnv(lambda seed: task_of(example(seed)), tools, reward, call_format=HermesFormat(),
+    env = ToolEnv(lambda seed: task_of(example(seed)), tools, reward, call_format=HermesFormat() if tool_prompt == "hermes" else CompactHermes(),
                   max_steps=max_steps, system_prompt=INSTRUCTIONS, instructions=instructions,
                   task_type="finqa", expert=expert, deterministic=oracle_error == 0, call_timeout_s=10.0)
     env.tokenizer_words = number_words()  # type: ignore[attr-defined]

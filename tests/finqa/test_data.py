@@ -52,14 +52,13 @@ def test_held_out_split_has_disjoint_companies():
 
 
 def test_every_number_word_is_known():
-    """Table cells, calculator results and gold answers are all words a scratch tokenizer gets."""
+    """Table cells and calculator results (what the oracle answers with) are words a scratch tokenizer gets."""
     words = set(number_words())
     for seed in range(2000):
         ex = generate_example(seed, test=seed % 2 == 0)
         cells = {c for row in ex.table[1:] for c in row[1:]}
         assert cells <= words
         assert calculator(ex.expression) in words and calculator(ex.flawed_expression) in words
-        assert ex.answer in words
 
 
 def test_rendered_document_puts_each_value_after_its_year():
@@ -67,7 +66,7 @@ def test_rendered_document_puts_each_value_after_its_year():
     text = render_document(ex)
     header, *rows = ex.table
     for row in rows:
-        assert f"{row[0]} : " + " , ".join(f"{y} {v}" for y, v in zip(header[1:], row[1:], strict=True)) in text
+        assert " , ".join(f"{row[0]} {y} {v}" for y, v in zip(header[1:], row[1:], strict=True)) in text.splitlines()
 
 
 def test_jsonl_round_trip_and_cli(tmp_path):
