@@ -40,8 +40,8 @@ from arborl.finqa.data import Example, generate_example, number_words, read_json
 from arborl.finqa.reward import score
 from arborl.sandbox import BACKENDS, Sandbox
 from arborl.tools.calculator import calculator as evaluate_expression
-from arborl.tools.function import FunctionTool
 from arborl.tools.formats import HermesFormat, ParsedTurn
+from arborl.tools.function import FunctionTool
 from arborl.tools.python_tool import PythonTool
 
 INSTRUCTIONS = "Answer with a number . Use the calculator ."

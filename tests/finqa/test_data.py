@@ -6,8 +6,17 @@ import json
 
 import pytest
 
-from arborl.finqa.data import (ITEMS, example_from_json, generate_example, is_held_out, main,
-                               number_words, read_jsonl, render_document, write_jsonl)
+from arborl.finqa.data import (
+    ITEMS,
+    example_from_json,
+    generate_example,
+    is_held_out,
+    main,
+    number_words,
+    read_jsonl,
+    render_document,
+    write_jsonl,
+)
 from arborl.finqa.reward import parse_answer
 from arborl.tools.calculator import calculator, evaluate
 from arborl.trajectory.schema import SchemaError
