@@ -66,10 +66,10 @@ def _corpus(make_env: Callable[[], Env], episodes: int, seed_start: int, seed: i
                 texts.append(observation_text(env.format_observation(res.obs)))
                 if res.terminated or res.truncated:
                     break
+        words = [str(w) for w in getattr(env, "vocabulary", ())]  # words an env's tasks may hold that play missed
     finally:
         env.close()
-    vocabulary = [str(w) for w in getattr(env, "vocabulary", ())]  # words an env may show beyond this play
-    return texts, actions + [a for a in known if a not in actions] + vocabulary  # words play never reached, too
+    return texts, actions + [a for a in known + words if a not in actions]  # words play never reached, too
 
 
 def prepare_policy(cfg: TrainConfig, make_env: Callable[[], Env]) -> Path:
@@ -145,7 +145,7 @@ def evaluate(
 ) -> dict[str, float]:
     """Greedy (or sampled) rollouts on ``n`` held-out tasks; success rate and mean return."""
     env = make_env()
-    task_type = task_type_of(env)
+    task_type, extra = task_type_of(env), getattr(env, "episode_metrics", None)  # an env's own figures, e.g. FinQA's
     env.close()
     seeds = [cfg.env.eval_seed_start + k for k in range(n)]
     rcfg: RolloutConfig = cfg.rollout
@@ -160,6 +160,7 @@ def evaluate(
     n_eps = max(len(eps), 1)
     return {
         **episode_metrics(eps),  # what a tool env reports per episode (arborl.tools.metrics), e.g. f1
+        **(extra(eps) if callable(extra) else {}),  # an env's own figures over the episodes, e.g. FinQA's
         "success": sum(1.0 for e in eps if e.success) / n_eps,
         "reward": sum(float(e.rewards.get("return") or 0.0) for e in eps) / n_eps,
         "turns": sum(len(e.path()) for e in eps) / n_eps,

@@ -1,0 +1,228 @@
+"""The FinQA tool task: a statement and a question, a calculator and a sandboxed ``python`` tool.
+
+``finqa_env(**kwargs)`` (the recipe's ``env.cls = "arborl.finqa.env:finqa_env"``) returns a
+:class:`~arborl.env.tool_env.ToolEnv` composed of
+
+* a **task source**: seed -> :class:`~arborl.env.tool_env.Task`. Seeds below ``heldout_from``
+  are training questions, the others held out (disjoint companies, see :mod:`arborl.finqa.data`).
+  Generated on the fly from the seed, or read from ``train_file`` / ``test_file`` (JSONL);
+* a **tool table**: the calculator (:func:`arborl.tools.calculator.calculator`, with a short
+  description) and, unless
+  ``sandbox = "none"``, the ``python`` tool on a sandbox of the chosen backend, created on the
+  first ``python`` call of an episode and closed when the episode ends;
+* a **reward**: :func:`arborl.finqa.reward.score` (1.0 within relative tolerance 1e-2).
+
+The oracle expert (for ``synth``) calls the calculator with the question's gold expression and
+then answers with the calculator's result. With ``oracle_error = p`` it is a weaker teacher: on a
+share ``p`` of the questions (chosen by a hash of the question id) it calls the example's
+*flawed* expression instead (e.g. a growth rate divided by the later year), so the
+demonstrations are imperfect and RL has something to fix. Such an env says
+``deterministic = False`` (its expert is not always right, so ``check_env`` does not hold it to
+success).
+
+The env also has ``vocabulary`` (every number word a table, result or answer can hold, for
+a from-scratch word-level tokenizer) and ``episode_metrics(episodes)``: parse failures
+and tool calls per question of evaluated episodes (``summary.json`` holds them).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from arborl.config import ConfigError
+from arborl.env.tool_env import Task, ToolEnv
+from arborl.finqa.data import Example, generate_example, number_words, read_jsonl, render_document
+from arborl.finqa.reward import score
+from arborl.sandbox import BACKENDS, Sandbox
+from arborl.tools.calculator import calculator as evaluate_expression
+from arborl.tools.formats import HermesFormat, ParsedTurn
+from arborl.tools.function import FunctionTool
+from arborl.tools.python_tool import PythonTool
+
+INSTRUCTIONS = "Answer with a number . Use the calculator ."
+
+
+class SandboxedPython:
+    """The ``python`` tool as a stateful tool: one sandbox per episode, made on its first call.
+
+    Args:
+        backend: A sandbox backend name (see :data:`arborl.sandbox.BACKENDS`).
+        wall_s: Wall-clock limit of one run.
+    """
+
+    name = PythonTool.name
+    description = "Run Python code in a fresh sandbox and return what it prints."
+    parameters = {**PythonTool.parameters, "properties": {"code": {"type": "string"}}}
+
+    def __init__(self, backend: str, wall_s: float = 5.0) -> None:
+        self.backend, self.wall_s = backend, wall_s
+
+    def create(self) -> PythonTool:
+        """A python tool on a fresh sandbox."""
+        from arborl.sandbox import Limits
+
+        return PythonTool(Sandbox(backend=self.backend, limits=Limits(wall_s=self.wall_s)))
+
+    def release(self, instance: PythonTool) -> None:
+        """Close the episode's sandbox."""
+        instance.sandbox.close()
+
+
+@dataclass(frozen=True)
+class CompactHermes:
+    """Hermes JSON calls and ``<tool_response>`` results, with a one-line-per-tool prompt.
+
+    The calls, parsing and results are :class:`~arborl.tools.formats.HermesFormat`'s; only the
+    instructions are shorter (the tool names and argument names, no JSON schemas), so a small
+    from-scratch policy's context holds the statement rather than the protocol. A real instruct
+    model gets the full Hermes prompt (``tool_prompt = "hermes"``).
+    """
+
+    hermes: HermesFormat = field(default_factory=HermesFormat)
+    name: str = "hermes"
+
+    def instructions(self, tools: Sequence[Any]) -> str:
+        """One line per tool and the call and answer syntax."""
+        lines = " ; ".join(f"{t.name} ( {' , '.join(t.parameters.get('properties', {}))} ) : {t.description}" for t in tools)
+        return (f"Tools : {lines} . Call : <tool_call> {{\"name\": ..., \"arguments\": {{...}}}} </tool_call> . "
+                "Answer : <answer> ... </answer> .")
+
+    def parse(self, text: str) -> ParsedTurn:
+        """As :meth:`HermesFormat.parse`."""
+        return self.hermes.parse(text)
+
+    def render(self, results: Sequence[str]) -> str:
+        """As :meth:`HermesFormat.render`."""
+        return self.hermes.render(results)
+
+
+def calculator(expression: str) -> str:
+    """Evaluate arithmetic and return the number.
+
+    Args:
+        expression: e.g. "round( ( 520 - 445 ) / 445 * 100 , 1 )".
+    """
+    return evaluate_expression(expression)
+
+
+CALCULATOR = FunctionTool(calculator)
+"""The landed safe calculator, with a description short enough for a small policy's context."""
+
+
+@functools.lru_cache(maxsize=8)
+def _file(path: str) -> tuple[Example, ...]:
+    return tuple(read_jsonl(path))
+
+
+def _hash01(text: str) -> float:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
+
+
+def task_of(ex: Example) -> Task:
+    """The :class:`Task` of an example: the statement and question as the user message."""
+    return Task(f"{render_document(ex)}\nQuestion : {ex.question}", answer=ex.exe_ans, id=ex.id,
+                metadata={"unit": ex.unit, "kind": ex.kind, "expression": ex.expression,
+                          "flawed_expression": ex.flawed_expression})
+
+
+def calculator_call(expression: str) -> str:
+    """The Hermes call text of one calculator call (spaces around the JSON, so each part is a word)."""
+    return "<tool_call> " + json.dumps({"name": "calculator", "arguments": {"expression": f" {expression} "}}) + " </tool_call>"
+
+
+def finqa_env(*, train_file: str = "", test_file: str = "", heldout_from: int = 1_000_000_000,
+              test_frac: float = 0.2, oracle_error: float = 0.0, sandbox: str = "bwrap",
+              max_steps: int = 4, instructions: str = "system", tool_prompt: str = "hermes") -> ToolEnv:
+    """The FinQA :class:`~arborl.env.tool_env.ToolEnv` (see the module docstring).
+
+    Args:
+        train_file: JSONL of training examples (default: generated from the seed).
+        test_file: JSONL of held-out examples (default: generated).
+        heldout_from: Seeds from here on are held-out questions (the recipe's ``env.eval_seed_start``).
+        test_frac: Share of generated company names that are held out.
+        oracle_error: Share of questions whose oracle demonstration uses the flawed expression.
+        sandbox: Backend of the ``python`` tool's sandbox, or ``"none"`` for no python tool.
+        max_steps: Turns per episode.
+        instructions: Where the tool instructions go, ``"system"`` or ``"user"``.
+        tool_prompt: ``"hermes"``: the Hermes prompt with the tools' JSON schemas (what a real
+            model's chat template expects); ``"compact"``: :class:`CompactHermes`'s short one.
+
+    Raises:
+        ConfigError: ``sandbox`` names an unknown backend, or ``oracle_error`` is not a share.
+        SchemaError: A data file is missing or malformed.
+    """
+    if sandbox != "none" and sandbox not in BACKENDS:
+        raise ConfigError(f"env.kwargs.sandbox = {sandbox!r}; choose one of {sorted(BACKENDS)} or 'none'")
+    if tool_prompt not in ("hermes", "compact"):
+        raise ConfigError(f"env.kwargs.tool_prompt = {tool_prompt!r}; use 'hermes' or 'compact'")
+    if not 0 <= oracle_error <= 1:
+        raise ConfigError(f"env.kwargs.oracle_error = {oracle_error}; give a share in [0, 1]")
+    train = _file(train_file) if train_file else None
+    test = _file(test_file) if test_file else None
+
+    def example(seed: int) -> Example:
+        held = seed >= heldout_from
+        pool = test if held else train
+        k = seed - heldout_from if held else seed
+        return pool[k % len(pool)] if pool else generate_example(k, test=held, test_frac=test_frac)
+
+    def expert(env: ToolEnv) -> str:
+        task = env.task
+        assert task is not None
+        if env.last_results:
+            return f"<answer> {env.last_results[-1].strip()} </answer>"
+        flawed = _hash01(f"oracle-{task.id}") < oracle_error and task.metadata["flawed_expression"]
+        expression = task.metadata["flawed_expression"] if flawed else task.metadata["expression"]
+        if not expression:
+            raise ConfigError(f"example {task.id!r} has no 'expression'; the oracle needs one for synth")
+        return calculator_call(expression)
+
+    tools: list[Any] = [CALCULATOR] + ([SandboxedPython(sandbox)] if sandbox != "none" else [])
+    env = ToolEnv(lambda seed: task_of(example(seed)), tools, reward, call_format=HermesFormat() if tool_prompt == "hermes" else CompactHermes(),
+                  max_steps=max_steps, system_prompt=INSTRUCTIONS, instructions=instructions,
+                  task_type="finqa", expert=expert, deterministic=oracle_error == 0, call_timeout_s=10.0)
+    env.vocabulary = number_words()  # type: ignore[attr-defined]
+    env.episode_metrics = episode_metrics  # type: ignore[attr-defined]
+    return env
+
+
+def reward(answer: str, task: Task) -> float:
+    """FinQA execution accuracy of ``answer`` against the task's gold number."""
+    return score(answer, float(task.answer), task.metadata.get("unit", ""))[0]
+
+
+def _final_answer(ep: Any) -> str | None:
+    """The text of the episode's ``<answer>``, if its last turn gave one."""
+    path = ep.path()
+    if not path:
+        return None
+    return path[-1].info.get("answer") if path[-1].info.get("action") == "answer" else None
+
+
+def episode_metrics(episodes: Sequence[Any]) -> dict[str, float]:
+    """FinQA figures of evaluated episodes.
+
+    Returns:
+        ``parse_failures`` (answers that are not one number;
+        count), ``unanswered`` (episodes that ended without an answer; count) and
+        ``tool_calls_per_question`` (valid calls, mean) with ``calculator_calls_per_question``.
+    """
+    n = max(len(episodes), 1)
+    parse_failures = unanswered = calls = calc = 0
+    for ep in episodes:
+        answer = _final_answer(ep)
+        if answer is None:
+            unanswered += 1
+        else:
+            parse_failures += int(not score(answer, 0.0)[1])
+        for t in ep.path():
+            names = [c["name"] for c in t.info.get("tool_calls", [])] if t.valid else []
+            calls += len(names)
+            calc += names.count("calculator")
+    return {"parse_failures": float(parse_failures), "unanswered": float(unanswered),
+            "tool_calls_per_question": calls / n, "calculator_calls_per_question": calc / n}

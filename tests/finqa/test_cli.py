@@ -1,0 +1,44 @@
+"""A tiny FinQA run through the real CLI: synth -> sft -> rl -> eval, and the figures summary.json holds."""
+
+from __future__ import annotations
+
+import json
+
+from tests.e2e.clikit import arborl, cli_env
+
+TINY = [
+    "synth.episodes=24", "sft.steps=3", "sft.batch_size=4", "rl.iterations=2", "rl.tasks_per_iter=2",
+    "rl.group_size=2", "rl.minibatch_size=4", "eval.episodes=6", "eval.probe_episodes=2",
+    "policy.tokenizer_episodes=10", "policy.model.hidden_size=32", "policy.model.intermediate_size=64",
+    "policy.model.num_heads=2", "policy.model.num_kv_heads=2", "threads=1", "rollout.sampling.max_new_tokens=12",
+]
+
+
+def test_finqa_recipe_end_to_end(tmp_path):
+    run = tmp_path / "run"
+    args = ["train", "examples/finqa.toml", "--set", f'run_dir="{run}"']
+    for kv in TINY:
+        args += ["--set", kv]
+    arborl(*args, env=cli_env())
+    summary = json.loads((run / "summary.json").read_text())
+    for stage in ("sft", "rl"):
+        figures = summary[stage]
+        assert 0.0 <= figures["success"] <= 1.0
+        assert figures["parse_failures"] == int(figures["parse_failures"]) >= 0
+        assert 0 <= figures["unanswered"] <= 6
+        assert figures["tool_calls_per_question"] >= figures["calculator_calls_per_question"] >= 0
+    assert summary["rl_gain"] == summary["rl"]["success"] - summary["sft"]["success"]
+    assert summary["demo_episodes"] == 24
+    # the teacher is wrong on oracle_error = 0.4 of the questions and its wrong demonstrations are kept
+    synth_success = summary["config"]["env"]["kwargs"]["oracle_error"]
+    assert synth_success == 0.4
+    # every held-out question was asked of a held-out company
+    from arborl.store import open_store
+
+    with open_store(f"sqlite:///{run}/trajectories.db") as store:
+        evals = [e for e in store.iter_episodes(source="eval-rl")]
+        demos = list(store.iter_episodes(source="synth"))
+    assert len(evals) == 6 and all(e.seed >= 1_000_000_000 for e in evals)
+    assert 0 < sum(e.success for e in demos) < len(demos)  # right and wrong demonstrations
+    first = demos[0].path()[0]
+    assert first.tool_call is not None and first.tool_call.name == "calculator"
