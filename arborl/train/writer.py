@@ -110,9 +110,22 @@ def flush(sink: Any) -> None:
         sink.flush()
 
 
+class _FlushingReader:
+    """The store behind a :class:`BackgroundWriter`; the queued writes land before the first read."""
+
+    def __init__(self, writer: BackgroundWriter) -> None:
+        self._writer, self._flushed = writer, False
+
+    def __getattr__(self, name: str) -> Any:
+        if not self._flushed:
+            self._writer.flush()
+            self._flushed = True
+        return getattr(self._writer.store, name)
+
+
 def readable(sink: Any) -> Any:
-    """The store behind ``sink``, with every queued write landed (for code that reads the store back)."""
-    if isinstance(sink, BackgroundWriter):
-        sink.flush()
-        return sink.store
-    return sink
+    """The store behind ``sink``, for code that reads it back.
+
+    A read waits for the queued writes, and only a read does: a reader that never reads costs nothing.
+    """
+    return _FlushingReader(sink) if isinstance(sink, BackgroundWriter) else sink
