@@ -6,7 +6,8 @@
     arborl config show CONFIG.toml [--set ...]     # the resolved config, each key with default and help
     arborl config keys                             # every config key
     arborl compare CONFIG.toml --methods grpo,gigpo,... --seeds 3  # methods side by side, equal env steps
-    arborl store query|slice|profile|export|expire STORE_URL ...  # inspect a trajectory store
+    arborl store query|slice|profile|export|expire|show STORE_URL ...  # inspect a trajectory store
+    arborl view STORE_URL [--run RUN_DIR ...]     # explore episodes, groups and runs in the browser
 
 Heavy modules (torch, transformers) are imported by the commands that need them, so ``--help``
 and ``--version`` answer at once. arborl's own errors (bad config, env, store, record, template,
@@ -264,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     from arborl.train.compare import add_compare_command
 
     add_compare_command(sub)
+    from arborl.view.cli import add_view_command
+
+    add_view_command(sub)
     return p
 
 
