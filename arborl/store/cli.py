@@ -1,6 +1,6 @@
-"""``arborl store query|slice|profile|export|expire STORE_URL [filters]``: inspect a store.
+"""``arborl store query|slice|show|profile|export|expire STORE_URL [filters]``: inspect a store.
 
-``query``, ``slice``, ``profile`` and ``export`` open the store read-only: they never create or
+``query``, ``slice``, ``show``, ``profile`` and ``export`` open the store read-only: they never create or
 change anything, and a target that is not an arborl store is refused. Errors are one line on
 stderr with exit status 2, passwords in URLs shown as ``***``.
 
@@ -71,6 +71,11 @@ def _add_subcommands(sub: Any) -> None:
     p.add_argument("--stop", type=int)
     p.set_defaults(func=_guarded(cmd_slice))
 
+    p = sub.add_parser("show", help="print one episode as readable text: its facts and tree of turns")
+    p.add_argument("url", metavar="STORE_URL", help="e.g. sqlite:///runs/traj.db")
+    p.add_argument("episode_id")
+    p.set_defaults(func=_guarded(cmd_show))
+
     p = sub.add_parser("profile", help="capability profile: count, success rate, mean reward and turns per group")
     _common(p)
     _add_filters(p)
@@ -93,7 +98,7 @@ def _add_subcommands(sub: Any) -> None:
 
 def add_store_commands(subparsers: Any) -> None:
     """Add ``store query|slice|profile|export|expire`` to a CLI's subparsers."""
-    p = subparsers.add_parser("store", help="inspect a trajectory store (query, slice, profile, export, expire)")
+    p = subparsers.add_parser("store", help="inspect a trajectory store (query, slice, show, profile, export, expire)")
     _add_subcommands(p.add_subparsers(dest="store_command", required=True))
 
 
@@ -135,6 +140,15 @@ def cmd_slice(args: argparse.Namespace) -> int:
         t.add_row(str(d["path_index"]), d["turn_id"], d["observation"][:200], d["action_text"][:200],
                   (d["result"] or "")[:200], f"{d['reward']:.3g}")
     _emit(args, data, t)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """Handler of ``store show``: the episode's facts and tree of turns (arborl.view.text)."""
+    from arborl.view.text import render_episode
+
+    with open_store(args.url, read_only=True) as store:
+        render_episode(store.get(args.episode_id))
     return 0
 
 

@@ -71,12 +71,11 @@ def create_app(store_url: str, run_dirs: Sequence[str | Path] = ()) -> FastAPI:
         StoreError: the URL names no arborl store (nothing is created), or a bad URL.
         FileNotFoundError: a run directory does not exist.
     """
-    store = open_store(store_url, read_only=True)
     runs = [Path(r) for r in run_dirs]
     for r in runs:
         if not r.is_dir():
-            store.close()
             raise FileNotFoundError(f"run directory {r} does not exist; pass --run RUN_DIR of a finished or running run")
+    store = open_store(store_url, read_only=True)
     decode = data.token_decoder(runs)
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -46,8 +46,11 @@ def bind(host: str, port: int) -> socket.socket:
 
 def cmd_view(args: argparse.Namespace) -> int:
     """Handler of ``arborl view``: open the store read-only, serve until Ctrl-C."""
-    import uvicorn
-
+    try:
+        import uvicorn
+    except ImportError:
+        print("arborl: error: arborl view needs fastapi and uvicorn; pip install 'arborl[view]'", file=sys.stderr)
+        return 2
     from arborl.store.url import redact
     from arborl.view.api import create_app
 
