@@ -184,3 +184,20 @@ def test_a_store_url_that_does_not_exist_is_refused_and_not_created(tmp_path, vi
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(FileNotFoundError, match="run directory"):
         create_app(view_store, [tmp_path / "norun"])
+
+
+def test_list_pages_are_the_stores_own_pages(view_store):
+    """Newest first without a stop-reason filter, a page and its cursor are exactly query_index's."""
+    from arborl.store import open_store
+
+    with open_store(view_store, read_only=True) as store:
+        for f in ({}, {"success": True}, {"iteration": 1, "min_reward": 0.5}):
+            cursor, ref_cursor = None, None
+            while True:
+                page = data.list_page(store, f, limit=2, cursor=cursor)
+                rows, ref_cursor = store.query_index(limit=2, cursor=ref_cursor, **f)
+                assert [e["episode_id"] for e in page["episodes"]] == [r.episode_id for r in rows]
+                assert page["next_cursor"] == ref_cursor
+                cursor = page["next_cursor"]
+                if cursor is None:
+                    break

@@ -102,12 +102,18 @@ def test_tour_of_a_tiny_cli_run(page, tmp_path):
         page.locator("#episodes tr.row").first.click()
         page.wait_for_selector("main[data-view=episode] .turn")
         assert page.locator(".turn").count() >= 1
-        page.screenshot(path=SHOTS / "episode.png")
-        # its group side by side
+        # its group side by side, the first divergence marked
         page.click("#to-group")
         page.wait_for_selector("#group")
         assert page.locator("#group thead th").count() >= 3  # the turn column and at least two episodes
+        assert page.locator("#first-divergence").count() == 1
         page.screenshot(path=SHOTS / "group.png")
+        # the group's first episode (a trunk: its branches hang off its turns), tokens shaded by log-prob
+        page.locator("#group thead th a").first.click()
+        page.wait_for_selector("main[data-view=episode] .turn")
+        page.click("#toggle-logprobs")
+        page.wait_for_selector("main[data-view=episode] .tok[style]")
+        page.screenshot(path=SHOTS / "episode.png")
         # the run's learning curve
         page.click("#nav-runs")
         page.wait_for_selector("#curves svg polyline", state="attached")

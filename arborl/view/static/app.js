@@ -305,7 +305,7 @@ async function viewRuns(params) {
       h("td", {}, fmt(s.rl_gain)), h("td", {}, fmt(s.env_steps)), h("td", {}, fmt(s.wall_s, 1)));
   }));
   show(h("h2", {}, `runs (${runs.length})`), runs.filter((r) => r.error).map((r) => h("p", { class: "error" }, `${r.name}: ${r.error}`)),
-    summaries, h("p", {}, "metrics (ctrl-click for several): ", pick),
+    summaries, h("p", {}, h("label", { class: "stacked" }, "metrics to plot (ctrl-click for several)", pick)),
     h("div", { class: "charts", id: "curves" }, chosen.map((k) => lineChart(k, series(k), "env steps"))));
 }
 
