@@ -77,6 +77,13 @@ def test_twenty_turn_episode_renders_within_300_ms(page, view_store):
         page.wait_for_function("document.querySelector('.tok:not(.mask0)').style.background !== ''")
         open_hash(page, base, "#/episode/tree", "main[data-view=episode] .branches")
         assert page.locator(".turn").count() == 3
+        # a's branch a-br is its own episode: listed after a's turn 0, its own turn shown in place on "expand"
+        open_hash(page, base, "#/episode/a", "main[data-view=episode] .expand")
+        assert page.locator(".turn").count() == 3
+        page.click(".expand")  # the only continuation of a
+        page.wait_for_selector(".continuation .turn")
+        assert page.locator(".continuation .turn .action").all_inner_texts() == ["Up"]
+        assert page.locator(".turn").count() == 4
         open_hash(page, base, "#/episode/nope", "#error")
         assert "no episode 'nope'" in page.inner_text("#error")
     assert [e for e in page.errors if "404" not in e] == []  # the 404 of 'nope' is the one expected error
@@ -113,6 +120,9 @@ def test_tour_of_a_tiny_cli_run(page, tmp_path):
         page.wait_for_selector("main[data-view=episode] .turn")
         page.click("#toggle-logprobs")
         page.wait_for_selector("main[data-view=episode] .tok[style]")
+        if page.locator(".expand").count():  # show one branch's own turns in place
+            page.locator(".expand").first.click()
+            page.wait_for_selector(".continuation .turn")
         page.screenshot(path=SHOTS / "episode.png")
         # the run's learning curve
         page.click("#nav-runs")

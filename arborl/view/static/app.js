@@ -175,12 +175,31 @@ function turnCard(ep, t, shade) {
     Object.keys(t.advantages).length ? h("div", { class: "kv advantages" }, h("b", {}, "advantage "), kv(t.advantages)) : null);
 }
 
+// A continuation stored as its own episode (origin.of = this one), hanging off the turn it starts
+// after: "expand" reads it and shows its own turns (path index origin.turn on) in place.
+function continuation(c, where, shade) {
+  const box = h("div", { class: "continuation", "data-episode": c.episode_id });
+  const expand = h("button", { class: "expand", onclick: async () => {
+    expand.disabled = true;
+    try {
+      const d = await api("/api/episodes/" + encodeURIComponent(c.episode_id));
+      const ep = d.episode;
+      ep._pos = Object.fromEntries(d.turns.map((t, i) => [t.turn_id, i]));
+      const byId = Object.fromEntries(d.turns.map((t) => [t.turn_id, t]));
+      box.replaceChildren(...d.main_path.slice(c.turn).map((tid) => turnCard(ep, byId[tid], shade)));
+    } catch (e) {
+      box.replaceChildren(h("span", { class: "error" }, String(e.message || e)));
+    }
+  } }, "expand");
+  return h("div", {}, h("div", { class: "branch-label" },
+    `${c.kind} ${where}: action ${fmt(c.action)}, reward ${fmt(c.reward)}, success ${fmt(c.success)}, ${c.n_turns} turns `,
+    expand, " ", h("a", { href: "#/episode/" + c.episode_id }, "open")), box);
+}
+
 function subtree(ep, byId, id, shade, conts) {
   const t = byId[id];
   const out = [turnCard(ep, t, shade)];
-  const branches = (conts[id] || []).map((c) => h("div", { class: "branch-label" },
-    `${c.kind} continuation after this turn: action ${fmt(c.action)}, reward ${fmt(c.reward)}, ${c.n_turns} turns `,
-    h("a", { href: "#/episode/" + c.episode_id }, "open")));
+  const branches = (conts[id] || []).map((c) => continuation(c, "after this turn", shade));
   if (t.children.length === 1 && !branches.length) return out.concat(subtree(ep, byId, t.children[0], shade, conts));
   if (t.children.length === 0) return out.concat(branches);
   const main = t.children.find((c) => byId[c].on_main_path);
@@ -217,9 +236,7 @@ async function viewEpisode(id, params) {
       h("a", { href: `#/episode/${ep.episode_id}?${toggle}`, id: "toggle-logprobs" },
         shade ? "hide log-prob shading" : "shade tokens by log-prob"),
       h("span", { class: "muted" }, "  (struck-through grey tokens: loss mask 0, not trained on)")),
-    atRoot.length ? h("div", { class: "branches" }, atRoot.map((c) => h("div", { class: "branch-label" },
-      `${c.kind} from the start: action ${fmt(c.action)}, reward ${fmt(c.reward)}, ${c.n_turns} turns `,
-      h("a", { href: "#/episode/" + c.episode_id }, "open")))) : null,
+    atRoot.length ? h("div", { class: "branches" }, atRoot.map((c) => continuation(c, "from the start", shade))) : null,
     h("div", { id: "tree" }, d.roots.map((r) => subtree(ep, byId, r, shade, conts))),
   ];
   show(...nodes);
