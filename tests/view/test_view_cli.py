@@ -49,3 +49,15 @@ def test_view_serves_on_loopback_and_prints_the_address(view_store, run_dir):
     finally:
         p.terminate()
         p.wait(timeout=30)
+
+
+def test_view_on_a_port_in_use_is_one_line_with_the_fix(view_store):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        p = arborl("view", view_store, "--port", str(port), check=False)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in p.stderr and "--port 0" in p.stderr
