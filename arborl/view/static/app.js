@@ -125,17 +125,18 @@ async function viewEpisodes(params) {
   const cq = new URLSearchParams(params);
   for (const k of ["order", "limit", "stop_reason"]) cq.delete(k);
   api("/api/count", cq).then((c) => { count.textContent = `${c.count} match the store filters`; }).catch(() => {});
-  facets();
+  facets(page.episodes);
 }
 
-let facetsLoaded = false;
-function facets() {
-  if (facetsLoaded) return;
-  facetsLoaded = true;
-  api("/api/profile", new URLSearchParams({ group_by: "task_type,source" })).then((p) => {
-    const list = (id, key) => h("datalist", { id }, [...new Set(p.rows.map((r) => r[key]))].map((v) => h("option", { value: v })));
-    document.body.append(list("task-types", "task_type"), list("sources", "source"));
-  }).catch(() => {});
+// Suggestions for the task type and source fields, from the rows seen so far (a profile query for
+// them would scan the whole store and hold it for seconds on a million episodes).
+const seen = { "task-types": new Set(), sources: new Set() };
+function facets(rows) {
+  for (const r of rows) { seen["task-types"].add(r.task_type); seen.sources.add(r.source); }
+  for (const [id, values] of Object.entries(seen)) {
+    const list = document.getElementById(id) || document.body.appendChild(h("datalist", { id }));
+    list.replaceChildren(...[...values].sort().map((v) => h("option", { value: v })));
+  }
 }
 
 // --- one episode ----------------------------------------------------------------------------------
