@@ -133,3 +133,30 @@ def test_tour_of_a_tiny_cli_run(page, tmp_path):
         page.wait_for_selector("#profile tr td")
         page.screenshot(path=SHOTS / "profile.png")
     assert page.errors == []
+
+
+def test_runs_side_by_side_and_the_profile_chart(page, view_store, run_dir, tmp_path):
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(run_dir, other)
+    with (other / "metrics.jsonl").open("a") as f:
+        f.write('\n{"stage": "rl", "step": 3, "env_steps": 70, "success": 1.0, "reward": 2.0}\n')
+    page.errors.clear()
+    with serve(view_store, run_dir, other) as base:
+        page.goto(base + "#/runs")
+        page.wait_for_selector("#curves .chart")
+        assert page.locator("#curves .chart").evaluate_all("cs => cs.map(c => c.dataset.title)") == ["success", "reward"]
+        # one line per run: the run's two evaluations (env steps 10, 50), the copy's three (and 70)
+        counts = page.locator("#curves .chart[data-title=success] polyline").evaluate_all(
+            "ls => ls.map(l => l.getAttribute('points').split(' ').length)")
+        assert counts == [2, 3]
+        assert page.locator("#curves .legend").first.locator("span").all_inner_texts() == [run_dir.name, "other"]
+        page.select_option("#metric", ["loss/policy"])
+        page.wait_for_selector("#curves .chart[data-title='loss/policy']")
+        open_hash(page, base, "#/profile", "#profile tr td")
+        # grouped by task type and iteration: frozenlake at iterations 1 and 2
+        rows = page.locator("#profile tr").all_inner_texts()[1:]
+        assert [r.split("\t")[:3] for r in rows] == [["frozenlake", "1", "6"], ["frozenlake", "2", "1"]]
+        assert page.locator(".chart[data-title='success rate by iteration'] polyline").count() == 1
+    assert page.errors == []
