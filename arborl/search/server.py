@@ -72,7 +72,7 @@ def create_app(retriever: Retriever, *, default_topk: int = 3, method: str = "bm
     return app
 
 
-def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+def bind(host: str = "127.0.0.1", port: int = 0, who: str = "retriever") -> socket.socket:
     """A listening TCP socket on ``host:port`` (port 0: a free port, read back from the socket).
 
     Raises:
@@ -85,7 +85,7 @@ def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
         sock.bind((host, port))
     except OSError as e:
         sock.close()
-        raise ConfigError(f"retriever: cannot listen on {host}:{port} ({e.strerror}); "
+        raise ConfigError(f"{who}: cannot listen on {host}:{port} ({e.strerror}); "
                           "choose another --port (0 picks a free one) or --host") from None
     sock.listen(128)
     return sock

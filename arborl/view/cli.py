@@ -7,7 +7,6 @@ and prints the address. ``--port 0`` takes any free port.
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 from typing import Any
 
@@ -25,25 +24,6 @@ def add_view_command(subparsers: Any) -> None:
     p.set_defaults(func=cmd_view)
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on ``host:port``; a port in use is a one-line error with the fix.
-
-    Raises:
-        OSError: the address cannot be bound (message says what to pass instead).
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise OSError(f"cannot listen on {host}:{port} ({e.strerror}); pass --port 0 for any free port "
-                      "or another --host") from None
-    sock.listen(128)
-    return sock
-
-
 def cmd_view(args: argparse.Namespace) -> int:
     """Handler of ``arborl view``: open the store read-only, serve until Ctrl-C."""
     try:
@@ -51,15 +31,12 @@ def cmd_view(args: argparse.Namespace) -> int:
     except ImportError:
         print("arborl: error: arborl view needs fastapi and uvicorn; pip install 'arborl[view]'", file=sys.stderr)
         return 2
+    from arborl.search.server import bind
     from arborl.store.url import redact
     from arborl.view.api import create_app
 
     app = create_app(args.url, args.run)
-    try:
-        sock = bind(args.host, args.port)
-    except OSError as e:
-        print(f"arborl: error: {e}", file=sys.stderr)
-        return 2
+    sock = bind(args.host, args.port, who="arborl view")  # a port in use: ConfigError, one line
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(f"arborl view: http://{shown}:{port}/  (store {redact(args.url)}; Ctrl-C to stop)", flush=True)

@@ -60,4 +60,4 @@ def test_view_on_a_port_in_use_is_one_line_with_the_fix(view_store):
         port = taken.getsockname()[1]
         p = arborl("view", view_store, "--port", str(port), check=False)
     assert p.returncode == 2 and p.stderr.count("\n") == 1
-    assert f"cannot listen on 127.0.0.1:{port}" in p.stderr and "--port 0" in p.stderr
+    assert f"arborl view: cannot listen on 127.0.0.1:{port}" in p.stderr and "--port (0 picks a free one)" in p.stderr
