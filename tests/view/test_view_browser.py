@@ -66,6 +66,7 @@ def test_twenty_turn_episode_renders_within_300_ms(page, view_store):
         page.goto(base)
         page.wait_for_selector("#episodes tr.row")
         assert page.evaluate("[...document.querySelectorAll('#sources option')].map(o => o.value)") == ["rl", "rl-branch"]
+        assert page.locator("#episodes tr.env-error").evaluate_all("rs => rs.map(r => r.dataset.id)") == ["err"]
         times = [open_hash(page, base, f"#/episode/long?n={k}", "main[data-view=episode] .turn") for k in range(5)]
         ms = sorted(times)[len(times) // 2]
         print(f"20-turn episode: fetch + render {ms:.0f} ms median of 5 (in-page {page.locator('main').get_attribute('data-render-ms')} ms)")

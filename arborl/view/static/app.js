@@ -94,7 +94,7 @@ function episodeTable(rows, rerender) {
       listState.sortCol = c;
       rerender();
     } }, t + (listState.sortCol === c ? (listState.sortDir > 0 ? " ▲" : " ▼") : ""))));
-  const body = sortRows(rows).map((r) => h("tr", { class: "row", "data-id": r.episode_id,
+  const body = sortRows(rows).map((r) => h("tr", { class: "row" + (r.stop_reason === "env_error" ? " env-error" : ""), "data-id": r.episode_id,
     onclick: () => { location.hash = "#/episode/" + r.episode_id; } },
     h("td", {}, h("a", { href: "#/episode/" + r.episode_id }, r.episode_id.slice(0, 12))), h("td", {}, r.task_type),
     h("td", {}, r.source), h("td", {}, r.iteration), h("td", {}, r.policy_version), h("td", {}, fmt(r.reward)),
