@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
         ("list, first page of 50, no filter", "/api/episodes?limit=50", True),
         ("list, first page of 50, task_type=code", "/api/episodes?limit=50&task_type=code", True),
         ("list, first page of 50, success=false", "/api/episodes?limit=50&success=false", True),
-        ("list, first page of 50, iteration=3 (old rows, no index)", "/api/episodes?limit=50&iteration=3", True),
+        ("list, first page of 50, iteration=3 (old rows)", "/api/episodes?limit=50&iteration=3", True),
         ("list, first page of 50, source=rl, iteration=3", "/api/episodes?limit=50&source=rl&iteration=3", True),
         ("list, first page of 50, oldest first", "/api/episodes?limit=50&order=oldest", True),
         ("list, first page of 50, stop_reason=terminated", "/api/episodes?limit=50&stop_reason=terminated", True),

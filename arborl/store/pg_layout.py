@@ -44,6 +44,7 @@ CREATE INDEX IF NOT EXISTS arborl_episodes_time ON arborl_episodes(created_at, s
 CREATE INDEX IF NOT EXISTS arborl_episodes_policy ON arborl_episodes(policy_version, created_at);
 CREATE INDEX IF NOT EXISTS arborl_episodes_reward ON arborl_episodes(reward);
 CREATE INDEX IF NOT EXISTS arborl_episodes_source_iter ON arborl_episodes(source, iteration);
+CREATE INDEX IF NOT EXISTS arborl_episodes_iter_time ON arborl_episodes(iteration, created_at, seq);
 CREATE INDEX IF NOT EXISTS arborl_episodes_tags ON arborl_episodes USING gin(tags);
 CREATE TABLE IF NOT EXISTS arborl_turns(
   ep bigint NOT NULL, created_at double precision NOT NULL, seq integer NOT NULL, path_index integer,

@@ -77,6 +77,7 @@ CREATE INDEX IF NOT EXISTS episodes_type_time ON episodes(task_type, created_at)
 CREATE INDEX IF NOT EXISTS episodes_time ON episodes(created_at);
 CREATE INDEX IF NOT EXISTS episodes_policy_time ON episodes(policy_version, created_at);
 CREATE INDEX IF NOT EXISTS episodes_source_iter ON episodes(source, iteration);
+CREATE INDEX IF NOT EXISTS episodes_iter_time ON episodes(iteration, created_at);
 CREATE TABLE IF NOT EXISTS tags(tag TEXT NOT NULL, ep INTEGER NOT NULL, PRIMARY KEY(tag, ep)) WITHOUT ROWID;
 """ + RECORDS_TABLE
 
