@@ -260,6 +260,9 @@ class RLConfig:
     evaluation keep the run's ``threads``); 0: the run's ``threads``. Their large matmuls can use a
     second core that rollouts' many tiny ops only waste at every intra-op barrier, but only on cores
     no other process is using (see docs/demo.md)."""
+    record_advantages: bool = True
+    """Append each iteration's per-turn advantages to ``run_dir/advantages.jsonl`` (by turn id), which
+    ``arborl view STORE --run RUN_DIR`` shows on each turn."""
     async_store: bool = True
     """Write each iteration's episodes to the store on a background thread and train on them from
     memory (the same batch a read-back gives); a failed write stops the run at the next iteration.

@@ -47,6 +47,7 @@ from arborl.rollout.branch import branch_specs
 from arborl.rollout.kvcache import PrefixCache
 from arborl.rollout.tree import tree_specs
 from arborl.tools.metrics import episode_metrics, tool_metrics
+from arborl.train.advantages import record_advantages
 from arborl.train.batch import TokenBatch, broadcast, collate, failed, length_chunks, step_batch
 from arborl.train.common import (
     load_trainer_state,
@@ -270,7 +271,11 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
         if lrn.credit_model is not None:  # a credit model may read the store: the writes land first
             ctx = CreditContext(cfg, it, trained, steps, batch, lrn.model, lrn.tok, readable(store))
         extra = lrn.credit_model.step_inputs(ctx) if ctx is not None else {}
-        adv = broadcast(credit_on_groups(credit, steps, groups, **extra), batch.step_of_token) * batch.loss_mask
+        step_adv = credit_on_groups(credit, steps, groups, **extra)
+        adv = broadcast(step_adv, batch.step_of_token) * batch.loss_mask
+        if rc.record_advantages:  # for the explorer: run_dir/advantages.jsonl, by turn id
+            record_advantages(cfg.run_dir, it, rc.credit, trained, steps.episode, steps.step, step_adv,
+                              steps.step_active() & groups[steps.group[steps.episode]])
     keep = (adv.abs() > 1e-8).any(-1) if rc.drop_zero_advantage else torch.ones(len(trained), dtype=torch.bool)
     keep &= groups[steps.group]
     # loss + update (on the episodes that carry signal)

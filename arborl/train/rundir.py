@@ -25,7 +25,7 @@ STATE_FILE = "run_state.json"
 STAGE_OUTPUTS = {
     "synth": ("trajectories.db", "trajectories.db.blobs", "trajectories.db-wal", "trajectories.db-shm"),
     "sft": ("policy/sft",),
-    "rl": ("checkpoints", "policy/rl"),
+    "rl": ("checkpoints", "policy/rl", "advantages.jsonl"),
 }
 """Files and folders in ``run_dir`` that each stage writes (the store file only when it is the default)."""
 

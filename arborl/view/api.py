@@ -32,6 +32,7 @@ from fastapi.staticfiles import StaticFiles
 
 from arborl.store.base import EpisodeNotFound, StoreError, check_group_by
 from arborl.store.url import open_store, redact
+from arborl.train.advantages import AdvantageIndex
 from arborl.trajectory.schema import SchemaError
 from arborl.view import data
 
@@ -107,6 +108,8 @@ def create_app(store_url: str, run_dirs: Sequence[str | Path] = ()) -> FastAPI:
 
 
 def _routes(app: FastAPI, store: Any, store_url: str, runs: list[Path], decode: Any) -> None:
+    recorded = AdvantageIndex(runs)
+
     @app.get("/", include_in_schema=False)
     def index() -> FileResponse:
         return FileResponse(STATIC / "index.html")
@@ -132,7 +135,10 @@ def _routes(app: FastAPI, store: Any, store_url: str, runs: list[Path], decode: 
         ep = store.get(episode_id)
         members = [r.episode_id for r in data.group_rows(store, row) if r.episode_id != episode_id]
         others = store.get_many(members) if members else []
-        return data.episode_json(ep, others, decode)
+        out = data.episode_json(ep, others, decode)
+        for t in out["turns"]:  # what the runs' credit gave each turn (run_dir/advantages.jsonl)
+            t["advantages"].update(recorded.get(t["turn_id"]))
+        return out
 
     @app.get("/api/episodes/{episode_id}/group")
     def group(episode_id: str) -> dict[str, Any]:
