@@ -7,6 +7,7 @@
     arborl config keys                             # every config key
     arborl compare CONFIG.toml --methods grpo,gigpo,... --seeds 3  # methods side by side, equal env steps
     arborl store query|slice|profile|export|expire STORE_URL ...  # inspect a trajectory store
+    arborl serve CHECKPOINT [--port N]             # OpenAI-compatible server over a checkpoint
 
 Heavy modules (torch, transformers) are imported by the commands that need them, so ``--help``
 and ``--version`` answer at once. arborl's own errors (bad config, env, store, record, template,
@@ -261,6 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
     from arborl.search.cli import add_search_commands
 
     add_search_commands(sub)
+    from arborl.serve.cli import add_serve_command
+
+    add_serve_command(sub)
     from arborl.train.compare import add_compare_command
 
     add_compare_command(sub)

@@ -161,12 +161,31 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path
     return out
 
 
-def load_policy(path: str | Path, *, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def resolve_device(device: str) -> torch.device:
+    """The torch device a ``device`` setting names: ``auto`` is CUDA when present, else the CPU.
+
+    Raises:
+        ValueError: the name is not a torch device, or names CUDA on a machine without it.
+    """
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device {device!r} is not a torch device; use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asks for CUDA but torch sees no GPU here; use auto or cpu")
+    return dev
+
+
+def load_policy(path: str | Path, *, dtype: torch.dtype = torch.float32,
+                device: str | torch.device = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a local HF causal-LM checkpoint directory and its tokenizer.
 
     Args:
         path: Directory with ``config.json``, weights and tokenizer files with a chat template.
         dtype: Dtype of the loaded weights.
+        device: Where the weights go (a torch device, or a name :func:`resolve_device` reads).
 
     Returns:
         ``(model, tokenizer)``; the model is in eval mode with ``eager`` attention.
@@ -195,7 +214,8 @@ def load_policy(path: str | Path, *, dtype: torch.dtype = torch.float32) -> tupl
     if tokenizer.eos_token_id is None:
         raise ValueError(f"the tokenizer in {str(d)!r} has no eos_token; set one and save it again")
     model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
-    return model.eval(), tokenizer
+    dev = device if isinstance(device, torch.device) else resolve_device(device)
+    return model.to(dev).eval(), tokenizer
 
 
 def _require_portable(tokenizer: PreTrainedTokenizerBase, model_type: str, what: str) -> None:
