@@ -46,14 +46,17 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
 from arborl.policy.chat import ChatRenderer
+from arborl.policy.model import save_policy
 from arborl.rollout.config import SamplingConfig
 from arborl.rollout.generate import TurnOutput, TurnRequest
 from arborl.rollout.kvcache import PrefixCache
+from arborl.rollout.policy import ModelPolicy
 
 Api = Literal["openai", "sglang"]
 
@@ -107,7 +110,6 @@ class HTTPPolicy:
         self.renderer, self.api, self.model = renderer, api, model
         self.timeout_s, self.retries, self.cooldown_s, self.workers = timeout_s, retries, cooldown_s, workers
         self.client = httpx.Client(timeout=timeout_s, limits=httpx.Limits(max_connections=workers))
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="arborl-http")
         self.versions = [0] * len(self.urls)
         """Per server, the policy version last pushed by :meth:`sync` (reported when the server does not)."""
         self.failures = 0
@@ -145,8 +147,7 @@ class HTTPPolicy:
             self.versions[i] = int(policy_version)
 
     def close(self) -> None:
-        """Close the HTTP connections and the request threads."""
-        self.pool.shutdown(wait=False)
+        """Close the HTTP connections."""
         self.client.close()
 
     # --- one request ------------------------------------------------------------------------
@@ -226,7 +227,9 @@ class HTTPSession:
             # one draw per request in request order: the same generator seed gives the same seeds
             seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator))
             jobs.append((req, list(history), seed))
-        outs = list(self.policy.pool.map(lambda job: self._turn(*job), jobs))
+        with ThreadPoolExecutor(max_workers=min(self.policy.workers, len(jobs)) or 1,
+                                thread_name_prefix="arborl-http") as pool:
+            outs = list(pool.map(lambda job: self._turn(*job), jobs))
         for (req, _, _), out in zip(jobs, outs, strict=True):
             self._history[req.slot] += out.ids
         return outs
@@ -286,3 +289,20 @@ class HTTPSession:
             self._down_until[server] = time.monotonic() + self.policy.cooldown_s
             for s in [s for s, v in self._server.items() if v == server]:
                 del self._server[s]
+
+
+def rollout_policy(spec: Any, model: Any, tokenizer: Any, version: int, sync_dir: str | Path) -> ModelPolicy | HTTPPolicy:
+    """The policy RL rollouts sample from, per ``spec`` (the run's ``policy`` config section).
+
+    ``backend = "local"``: the model in this process. ``"http"``: the servers of ``spec.urls``,
+    after writing the current weights to ``sync_dir`` and making every server load them as
+    ``version`` (the servers must be able to read ``sync_dir``: same machine or a shared disk).
+    """
+    renderer = ChatRenderer(tokenizer, spec.system_prompt or None)
+    if spec.backend == "local":
+        return ModelPolicy(model, renderer)
+    policy = HTTPPolicy(list(spec.urls), renderer, api=spec.http_api, model=spec.http_model or None,
+                        timeout_s=spec.http_timeout_s, retries=spec.http_retries)
+    save_policy(model, tokenizer, sync_dir)
+    policy.sync(str(sync_dir), version)
+    return policy

@@ -61,6 +61,32 @@ class PolicySpec:
     """System message of every episode ("" for none)."""
     tokenizer_episodes: int = 300
     """Random-play episodes whose text trains the scratch tokenizer."""
+    backend: Literal["local", "http"] = "local"
+    """Where RL rollouts are generated: ``local`` in this process, ``http`` on the generation servers of
+    ``urls`` (``arborl serve``, vLLM, SGLang; docs/serve.md), which get the new weights after every update."""
+    urls: list[str] = field(default_factory=list)
+    """``backend = "http"``: server roots, e.g. ``["http://127.0.0.1:8000"]``; episodes are spread over them,
+    each sticking to one server."""
+    http_api: Literal["openai", "sglang"] = "openai"
+    """``backend = "http"``: the wire format, ``openai`` (``/v1/completions``: arborl serve, vLLM) or ``sglang``
+    (``/generate``)."""
+    http_model: str = ""
+    """``backend = "http"``: the ``model`` field of ``openai`` requests ("" leaves it out; vLLM needs it)."""
+    http_timeout_s: float = 120.0
+    """``backend = "http"``: deadline of one generation request."""
+    http_retries: int = 2
+    """``backend = "http"``: further tries of a failed request (on another server when one is up); when all
+    fail the episode ends with stop reason ``env_error`` and the run goes on."""
+
+    def __post_init__(self) -> None:
+        if self.backend == "http" and not self.urls:
+            raise ConfigError('policy.backend = "http" needs policy.urls, e.g. ["http://127.0.0.1:8000"] '
+                              "(start one with `arborl serve CHECKPOINT`)")
+        bad = [u for u in self.urls if not u.startswith(("http://", "https://"))]
+        if bad:
+            raise ConfigError(f"policy.urls: {bad} are not http(s) URLs; write them as http://HOST:PORT")
+        if self.http_retries < 0 or not self.http_timeout_s > 0:
+            raise ConfigError("policy.http_retries must be >= 0 and policy.http_timeout_s > 0")
 
 
 @dataclass(frozen=True)
@@ -376,6 +402,10 @@ class TrainConfig:
             raise ConfigError(f"report_to: {bad} are unknown; choose from {list(LOGGERS)} (metrics.jsonl is always written)")
         _check_positive(self, "threads")
         self._check_branch_sampling()
+        if self.policy.backend == "http" and self.rl.branch:
+            raise ConfigError('rl.branch = true needs policy.backend = "local": a branch forces an action and scores it '
+                              "with prompt log-probs, which generation servers do not return. Set rl.branch = false "
+                              "(rl.tree works over HTTP)")
 
     def _check_branch_sampling(self) -> None:
         """Greedy branches record their forced action's log-prob at temperature 1; sampling must match."""

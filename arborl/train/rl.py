@@ -41,9 +41,10 @@ from arborl.config import ConfigError
 from arborl.credit import StepBatch, credit_on_groups, starpo_s_groups
 from arborl.env import Env
 from arborl.loss import ppo_clip_loss
-from arborl.policy import ChatRenderer, load_policy, save_policy, token_logprobs, token_logprobs_and_entropy
-from arborl.rollout import ModelPolicy, RolloutConfig, run_episodes
+from arborl.policy import load_policy, save_policy, token_logprobs, token_logprobs_and_entropy
+from arborl.rollout import RolloutConfig, run_episodes
 from arborl.rollout.branch import branch_specs
+from arborl.rollout.http_policy import rollout_policy
 from arborl.rollout.kvcache import PrefixCache
 from arborl.rollout.tree import tree_specs
 from arborl.tools.metrics import episode_metrics, tool_metrics
@@ -235,7 +236,7 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
     offsets = torch.randint(0, cfg.env.train_seed_count, (rc.tasks_per_iter,), generator=lrn.task_gen).tolist()
     seeds = [cfg.env.train_seed_start + o for o in offsets]
     specs = specs_for(cfg, task_type, seeds, group_size=rc.group_size, group_prefix=f"rl{it}")
-    policy = ModelPolicy(lrn.model, ChatRenderer(lrn.tok, cfg.policy.system_prompt or None))
+    policy = rollout_policy(cfg.policy, lrn.model, lrn.tok, it, Path(cfg.run_dir) / "policy" / "serving")
     trunk_kv = PrefixCache() if rc.branch or rc.tree else None  # trunk caches for the continuations
     with phase("rollout"):
         rolled = run_episodes(policy, make_env, specs, cfg.rollout, generator=lrn.gen,
