@@ -140,7 +140,7 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path
     """Write ``model`` and ``tokenizer`` as a standard HF checkpoint directory.
 
     Args:
-        model: Any HF causal LM.
+        model: Any HF causal LM; a LoRA model (:func:`add_lora`) is written merged.
         tokenizer: Its tokenizer; must carry a chat template.
         path: Directory to write (created if missing; existing files are overwritten).
 
@@ -154,6 +154,8 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path
     if not tokenizer.chat_template:
         raise ValueError("the tokenizer has no chat_template; set one so the checkpoint can render chats")
     out = Path(path)
+    if is_lora(model):  # an export is a plain checkpoint: the adapter merged into a copy of the base
+        model = merge_lora(model)
     _require_portable(tokenizer, model.config.model_type, f"refusing to write {str(out)!r}")
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
@@ -183,7 +185,9 @@ def load_policy(path: str | Path, *, dtype: torch.dtype = torch.float32,
     """Load a local HF causal-LM checkpoint directory and its tokenizer.
 
     Args:
-        path: Directory with ``config.json``, weights and tokenizer files with a chat template.
+        path: Directory with ``config.json``, weights and tokenizer files with a chat template; or
+            a LoRA adapter directory (:func:`save_adapter`), loaded onto its base; or a Hugging Face
+            Hub id (``Qwen/Qwen2.5-0.5B-Instruct``) already in the local Hub cache.
         dtype: Dtype of the loaded weights.
         device: Where the weights go (a torch device, or a name :func:`resolve_device` reads).
 
@@ -194,7 +198,9 @@ def load_policy(path: str | Path, *, dtype: torch.dtype = torch.float32,
         FileNotFoundError: the directory or its ``config.json`` is missing.
         ValueError: the tokenizer has no chat template or no end-of-sequence token.
     """
-    d = Path(path)
+    d = _local_dir(path)
+    if (d / ADAPTER_CONFIG).is_file() and not (d / "config.json").is_file():
+        return _load_adapter(d, dtype=dtype, device=device)
     if not d.is_dir():
         raise FileNotFoundError(
             f"policy checkpoint {str(d)!r} is not a directory; pass a directory written by save_policy "
@@ -253,3 +259,85 @@ def _load_tokenizer(d: Path) -> PreTrainedTokenizerBase:
             )
             tokenizer = PreTrainedTokenizerFast.from_pretrained(d)
     return tokenizer
+
+
+# --- LoRA (peft) ---------------------------------------------------------------------------------
+ADAPTER_CONFIG = "adapter_config.json"
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+"""Modules a LoRA adapter wraps by default: the attention projections (as in the LoRA paper, §4.2)."""
+
+
+def is_lora(model: torch.nn.Module) -> bool:
+    """Whether ``model`` carries a peft adapter."""
+    return hasattr(model, "peft_config")
+
+
+def add_lora(model: PreTrainedModel, *, rank: int, alpha: float | None = None, dropout: float = 0.0,
+             targets: tuple[str, ...] = LORA_TARGETS) -> PreTrainedModel:
+    """Wrap ``model`` in a LoRA adapter: only the adapter's ``A, B`` matrices are trainable.
+
+    ``B`` starts at zero, so the wrapped model computes exactly what ``model`` did. Dropout
+    defaults to 0: behaviour and training log-probs must be the same function.
+
+    Raises:
+        ImportError: peft is not installed (``pip install 'arborl[lora]'``).
+    """
+    if not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"LoRA rank is {rank!r}; use a positive integer (e.g. 8)")
+    from peft import LoraConfig, get_peft_model
+
+    cfg = LoraConfig(r=rank, lora_alpha=float(alpha if alpha is not None else 2 * rank), lora_dropout=dropout,
+                     target_modules=list(targets), bias="none", task_type="CAUSAL_LM")
+    return get_peft_model(model, cfg)
+
+
+def save_adapter(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | Path,
+                 base: str | Path) -> Path:
+    """Write only the adapter of a LoRA model (and the tokenizer) to ``path``; ``base`` is recorded in it.
+
+    :func:`load_policy` on ``path`` loads ``base`` and applies the adapter; :func:`save_policy`
+    writes the merged model instead.
+    """
+    if not is_lora(model):
+        raise ValueError("save_adapter needs a LoRA model (add_lora); save a plain model with save_policy")
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    model.peft_config["default"].base_model_name_or_path = str(Path(base).resolve())
+    model.save_pretrained(out, safe_serialization=True)
+    save_tokenizer(tokenizer, out)
+    return out
+
+
+def merge_lora(model: PreTrainedModel) -> PreTrainedModel:
+    """A plain model with the adapter's ``B A`` added into the base weights (``model`` is left as it is)."""
+    import copy
+
+    return copy.deepcopy(model).merge_and_unload()
+
+
+def _load_adapter(d: Path, *, dtype: torch.dtype, device: str | torch.device) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    from peft import PeftModel
+
+    base = json.loads((d / ADAPTER_CONFIG).read_text(encoding="utf-8")).get("base_model_name_or_path")
+    if not base:
+        raise FileNotFoundError(f"the adapter in {str(d)!r} does not name its base model (base_model_name_or_path)")
+    model, _ = load_policy(base, dtype=dtype, device=device)
+    tokenizer = _load_tokenizer(d) if (d / "tokenizer_config.json").is_file() else _load_tokenizer(Path(base))
+    return PeftModel.from_pretrained(model, d).eval(), tokenizer
+
+
+def _local_dir(path: str | Path) -> Path:
+    """``path``, or the local Hub-cache snapshot of a Hub id (the download itself is the user's)."""
+    d = Path(path)
+    text = str(path)
+    if d.exists() or text.count("/") != 1 or text.startswith((".", "/")):
+        return d
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(text, local_files_only=True))
+    except Exception:
+        raise FileNotFoundError(
+            f"policy checkpoint {text!r} is neither a local directory nor a Hub id in the local Hub cache; "
+            f"download it first (`hf download {text}`) or pass the directory that holds config.json"
+        ) from None
