@@ -273,11 +273,12 @@ def is_lora(model: torch.nn.Module) -> bool:
 
 
 def add_lora(model: PreTrainedModel, *, rank: int, alpha: float | None = None, dropout: float = 0.0,
-             targets: tuple[str, ...] = LORA_TARGETS) -> PreTrainedModel:
+             targets: tuple[str, ...] = LORA_TARGETS, base: str | Path | None = None) -> PreTrainedModel:
     """Wrap ``model`` in a LoRA adapter: only the adapter's ``A, B`` matrices are trainable.
 
     ``B`` starts at zero, so the wrapped model computes exactly what ``model`` did. Dropout
-    defaults to 0: behaviour and training log-probs must be the same function.
+    defaults to 0: behaviour and training log-probs must be the same function. ``base`` (the
+    checkpoint ``model`` was loaded from) is recorded for :func:`save_adapter`.
 
     Raises:
         ImportError: peft is not installed (``pip install 'arborl[lora]'``).
@@ -288,12 +289,15 @@ def add_lora(model: PreTrainedModel, *, rank: int, alpha: float | None = None, d
 
     cfg = LoraConfig(r=rank, lora_alpha=float(alpha if alpha is not None else 2 * rank), lora_dropout=dropout,
                      target_modules=list(targets), bias="none", task_type="CAUSAL_LM")
+    if base is not None:
+        cfg.base_model_name_or_path = str(Path(base).resolve())
     return get_peft_model(model, cfg)
 
 
 def save_adapter(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | Path,
-                 base: str | Path) -> Path:
-    """Write only the adapter of a LoRA model (and the tokenizer) to ``path``; ``base`` is recorded in it.
+                 base: str | Path | None = None) -> Path:
+    """Write only the adapter of a LoRA model (and the tokenizer) to ``path``; ``base`` is recorded in it
+    (default: the base given to :func:`add_lora`).
 
     :func:`load_policy` on ``path`` loads ``base`` and applies the adapter; :func:`save_policy`
     writes the merged model instead.
@@ -301,11 +305,34 @@ def save_adapter(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pat
     if not is_lora(model):
         raise ValueError("save_adapter needs a LoRA model (add_lora); save a plain model with save_policy")
     out = Path(path)
+    if base is not None:
+        model.peft_config["default"].base_model_name_or_path = str(Path(base).resolve())
+    if not model.peft_config["default"].base_model_name_or_path:
+        raise ValueError("save_adapter: name the base checkpoint (base=...) so the adapter can be loaded onto it")
     out.mkdir(parents=True, exist_ok=True)
-    model.peft_config["default"].base_model_name_or_path = str(Path(base).resolve())
     model.save_pretrained(out, safe_serialization=True)
     save_tokenizer(tokenizer, out)
     return out
+
+
+def load_weights(model: PreTrainedModel, checkpoint: str | Path) -> None:
+    """Set ``model``'s trainable weights from a checkpoint written by the trainer, in place.
+
+    A plain model takes every weight of ``checkpoint``; a LoRA model takes only its adapter, from
+    ``checkpoint/adapter`` (the base stays the one it was built on).
+    """
+    d = Path(checkpoint)
+    if not is_lora(model):
+        model.load_state_dict(load_policy(d)[0].state_dict())
+        return
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    file = d / "adapter" / "adapter_model.safetensors"
+    if not file.is_file():
+        raise FileNotFoundError(f"{str(d)!r} has no adapter/adapter_model.safetensors; it was not written by a "
+                                "LoRA run (resume it with policy.lora_rank = 0)")
+    set_peft_model_state_dict(model, load_file(str(file)))
 
 
 def merge_lora(model: PreTrainedModel) -> PreTrainedModel:

@@ -61,6 +61,11 @@ class PolicySpec:
     """System message of every episode ("" for none)."""
     tokenizer_episodes: int = 300
     """Random-play episodes whose text trains the scratch tokenizer."""
+    lora_rank: int = 0
+    """RL trains a LoRA adapter of this rank on the attention projections instead of every weight (0: full
+    fine-tuning; needs ``arborl[lora]``). Checkpoints hold the merged model and, in ``adapter/``, the adapter."""
+    lora_alpha: float = 0.0
+    """LoRA scale numerator (the update is ``alpha / rank * B A``); 0 means ``2 * lora_rank``."""
     backend: Literal["local", "http"] = "local"
     """Where RL rollouts are generated: ``local`` in this process, ``http`` on the generation servers of
     ``urls`` (``arborl serve``, vLLM, SGLang; docs/serve.md), which get the new weights after every update."""
@@ -85,6 +90,8 @@ class PolicySpec:
         bad = [u for u in self.urls if not u.startswith(("http://", "https://"))]
         if bad:
             raise ConfigError(f"policy.urls: {bad} are not http(s) URLs; write them as http://HOST:PORT")
+        if self.lora_rank < 0 or self.lora_alpha < 0:
+            raise ConfigError("policy.lora_rank and policy.lora_alpha must be >= 0 (lora_rank 0: no adapter)")
         if self.http_retries < 0 or not self.http_timeout_s > 0:
             raise ConfigError("policy.http_retries must be >= 0 and policy.http_timeout_s > 0")
 

@@ -42,6 +42,7 @@ from arborl.credit import StepBatch, credit_on_groups, starpo_s_groups
 from arborl.env import Env
 from arborl.loss import ppo_clip_loss
 from arborl.policy import load_policy, save_policy, token_logprobs, token_logprobs_and_entropy
+from arborl.policy.model import add_lora, is_lora, load_weights, save_adapter
 from arborl.rollout import RolloutConfig, run_episodes
 from arborl.rollout.branch import branch_specs
 from arborl.rollout.http_policy import rollout_policy
@@ -151,6 +152,8 @@ def _learner(cfg: TrainConfig, start_path: Path, resume_from: Path | None, env_s
     """The policy, reference, optimizer and RNG streams at the start (or at checkpoint ``resume_from``)."""
     rc = cfg.rl
     model, tok = load_policy(start_path)
+    if cfg.policy.lora_rank:  # only the adapter trains; the reference below stays the plain start policy
+        model = add_lora(model, rank=cfg.policy.lora_rank, alpha=cfg.policy.lora_alpha or None, base=start_path)
     model.eval()  # no dropout: behaviour and training log-probs must match
     ref = load_policy(start_path)[0].eval().requires_grad_(False) if rc.kl_coef > 0 else None
     opt = torch.optim.AdamW(model.parameters(), lr=rc.lr, weight_decay=rc.weight_decay, betas=(0.9, 0.99))
@@ -160,7 +163,7 @@ def _learner(cfg: TrainConfig, start_path: Path, resume_from: Path | None, env_s
     if resume_from is None:
         return lrn, 0
     state = load_trainer_state(resume_from / "trainer_state.pt")
-    model.load_state_dict(load_policy(resume_from)[0].state_dict())
+    load_weights(model, resume_from)
     opt.load_state_dict(state["optimizer"])
     set_rng_state(state["rng"], lrn.gen)
     lrn.task_gen.set_state(state["task_rng"])
@@ -334,7 +337,9 @@ def _save(cfg: TrainConfig, lrn: _Learner, iteration: int, final: bool = False, 
     """
     flush(sink)
     path = Path(cfg.run_dir) / "checkpoints" / f"rl-{iteration:06d}"
-    save_policy(lrn.model, lrn.tok, path)
+    save_policy(lrn.model, lrn.tok, path)  # a LoRA model is written merged; its adapter beside it
+    if is_lora(lrn.model):
+        save_adapter(lrn.model, lrn.tok, path / "adapter")
     save_trainer_state(path / "trainer_state.pt", {
         "optimizer": lrn.opt.state_dict(), "rng": rng_state(lrn.gen), "task_rng": lrn.task_gen.get_state(),
         "iteration": iteration, "counters": dict(lrn.counters),
