@@ -17,6 +17,7 @@ pass (the rollout relies on that; see ``tests/rollout``).
 
 from __future__ import annotations
 
+import functools
 import json
 import warnings
 from dataclasses import dataclass
@@ -368,3 +369,55 @@ def _local_dir(path: str | Path) -> Path:
             f"policy checkpoint {text!r} is neither a local directory nor a Hub id in the local Hub cache; "
             f"download it first (`hf download {text}`) or pass the directory that holds config.json"
         ) from None
+
+
+# --- memory options of the training forward ----------------------------------------------------
+def set_training_options(model: PreTrainedModel, *, gradient_checkpointing: bool = False,
+                         autocast: Literal["none", "bf16"] = "none") -> PreTrainedModel:
+    """Make the forward passes that record gradients cheaper in memory; gradient-free ones stay as they are.
+
+    Both act only while ``torch.is_grad_enabled()``: the rollout (inference mode) and the reference
+    and old log-probs (no grad) run in float32 without recomputation, as before.
+
+    Args:
+        model: The policy (a LoRA model too); changed in place and returned.
+        gradient_checkpointing: Keep only each decoder layer's input for the backward pass and
+            recompute the layer there (``torch.utils.checkpoint``, non-reentrant). Gradients are
+            the same; activation memory drops from every layer's intermediates to one tensor per
+            layer. Unlike transformers' own switch it works in eval mode, which the trainer keeps.
+        autocast: ``bf16`` runs the forward under ``torch.autocast`` in bfloat16 (weights and
+            optimizer stay float32). The trained log-probs are then bf16 numbers, while behaviour
+            log-probs were recorded in float32: the importance ratio at the behaviour policy is no
+            longer exactly 1 (a precision mismatch, not a bug).
+    """
+    if autocast not in ("none", "bf16"):
+        raise ValueError(f"autocast is {autocast!r}; use 'none' or 'bf16'")
+    if gradient_checkpointing:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+
+        layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+        if not layers:
+            raise ValueError(f"{type(model).__name__} has no decoder layers to checkpoint")
+        for layer in layers:  # a partial, not a closure: a deepcopy (merge_lora) then binds the copy's layer
+            layer.forward = functools.partial(_checkpointed_forward, layer)
+    if autocast == "bf16":
+        model.forward = functools.partial(_autocast_forward, model, torch.bfloat16)
+    return model
+
+
+def _checkpointed_forward(layer: torch.nn.Module, *args, **kwargs):
+    forward = type(layer).forward
+    if not torch.is_grad_enabled() or kwargs.get("cache") is not None:  # a recompute would append to the cache twice
+        return forward(layer, *args, **kwargs)
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(forward, layer, *args, use_reentrant=False, **kwargs)
+
+
+def _autocast_forward(model: torch.nn.Module, dtype: torch.dtype, *args, **kwargs):
+    forward = type(model).forward
+    if not torch.is_grad_enabled():
+        return forward(model, *args, **kwargs)
+    device = next(model.parameters()).device.type
+    with torch.autocast(device, dtype=dtype):
+        return forward(model, *args, **kwargs)

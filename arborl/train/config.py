@@ -66,6 +66,12 @@ class PolicySpec:
     fine-tuning; needs ``arborl[lora]``). Checkpoints hold the merged model and, in ``adapter/``, the adapter."""
     lora_alpha: float = 0.0
     """LoRA scale numerator (the update is ``alpha / rank * B A``); 0 means ``2 * lora_rank``."""
+    gradient_checkpointing: bool = False
+    """RL update: recompute each decoder layer in the backward pass instead of keeping its activations (same
+    gradients, less memory, about one more forward of compute)."""
+    autocast: Literal["none", "bf16"] = "none"
+    """RL update: run the training forward in bfloat16 autocast (weights stay float32; rollouts and reference
+    log-probs stay float32, so the ratio at the behaviour policy is only approximately 1)."""
     backend: Literal["local", "http"] = "local"
     """Where RL rollouts are generated: ``local`` in this process, ``http`` on the generation servers of
     ``urls`` (``arborl serve``, vLLM, SGLang; docs/serve.md), which get the new weights after every update."""

@@ -42,7 +42,7 @@ from arborl.credit import StepBatch, credit_on_groups, starpo_s_groups
 from arborl.env import Env
 from arborl.loss import ppo_clip_loss
 from arborl.policy import load_policy, save_policy, token_logprobs, token_logprobs_and_entropy
-from arborl.policy.model import add_lora, is_lora, load_weights, save_adapter
+from arborl.policy.model import add_lora, is_lora, load_weights, save_adapter, set_training_options
 from arborl.rollout import RolloutConfig, run_episodes
 from arborl.rollout.branch import branch_specs
 from arborl.rollout.http_policy import rollout_policy
@@ -154,6 +154,7 @@ def _learner(cfg: TrainConfig, start_path: Path, resume_from: Path | None, env_s
     model, tok = load_policy(start_path)
     if cfg.policy.lora_rank:  # only the adapter trains; the reference below stays the plain start policy
         model = add_lora(model, rank=cfg.policy.lora_rank, alpha=cfg.policy.lora_alpha or None, base=start_path)
+    set_training_options(model, gradient_checkpointing=cfg.policy.gradient_checkpointing, autocast=cfg.policy.autocast)
     model.eval()  # no dropout: behaviour and training log-probs must match
     ref = load_policy(start_path)[0].eval().requires_grad_(False) if rc.kl_coef > 0 else None
     opt = torch.optim.AdamW(model.parameters(), lr=rc.lr, weight_decay=rc.weight_decay, betas=(0.9, 0.99))

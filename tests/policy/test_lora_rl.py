@@ -52,3 +52,15 @@ def test_rl_with_lora_trains_the_adapter_exports_merged_and_resumes(tmp_path):
     arborl("train", "examples/frozenlake.toml", *sets(straight, [*lora, 'stages=["synth","sft","rl"]', "rl.iterations=3"]))
     for name, w in _weights(straight / "policy" / "rl").items():
         assert torch.allclose(resumed[name], w, atol=1e-6), name
+
+
+@pytest.mark.slow
+def test_rl_with_gradient_checkpointing_ends_where_a_plain_run_ends(tmp_path):
+    base = ['stages=["synth","sft","rl"]', "rl.branch=false"]
+    arborl("train", "examples/frozenlake.toml", *sets(tmp_path / "plain", base))
+    arborl("train", "examples/frozenlake.toml", *sets(tmp_path / "ckpt", [*base, "policy.gradient_checkpointing=true"]))
+    plain, ckpt = _weights(tmp_path / "plain" / "policy" / "rl"), _weights(tmp_path / "ckpt" / "policy" / "rl")
+    sft = _weights(tmp_path / "plain" / "policy" / "sft")
+    assert any(not torch.equal(plain[n], sft[n]) for n in plain)  # RL moved the weights
+    for name, w in plain.items():
+        assert torch.allclose(ckpt[name], w, atol=1e-5), name
