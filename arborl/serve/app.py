@@ -67,22 +67,22 @@ class _Job:
     want_logprobs: bool
 
 
-def _locked_steps(served: ServedModel, job: _Job) -> Iterator[int | Step]:
-    """Yield the policy version, then every decoding step, holding the model lock throughout."""
+def _start(served: ServedModel, job: _Job) -> tuple[int, Iterator[Step]]:
+    """The policy version and the decoding steps of ``job``, on the weights served when it starts.
+
+    The model and its version are read together under the lock, and the steps keep that model:
+    a weight load during the request swaps ``served.model`` for later requests only, so no response
+    mixes two versions, and no lock is held while a client reads its stream.
+    """
     import torch
 
     with served.lock:
-        yield served.policy_version
-        generator = torch.Generator()
-        generator.manual_seed(job.req.seed if job.req.seed is not None else int(torch.randint(0, 2**62, (1,))))
-        yield from decode_steps(served.model, job.prompt_ids, n=job.req.n, sampling=job.req.sampling(job.max_new_tokens),
-                                generator=generator, stop_ids=job.stop_ids, top_logprobs=job.top_k)
-
-
-def _start(served: ServedModel, job: _Job) -> tuple[int, Iterator[Step]]:
-    it = _locked_steps(served, job)
-    version = next(it)
-    return int(version), it  # type: ignore[arg-type, return-value]
+        model, version = served.model, served.policy_version
+    generator = torch.Generator()
+    generator.manual_seed(job.req.seed if job.req.seed is not None else int(torch.randint(0, 2**62, (1,))))
+    steps = decode_steps(model, job.prompt_ids, n=job.req.n, sampling=job.req.sampling(job.max_new_tokens),
+                         generator=generator, stop_ids=job.stop_ids, top_logprobs=job.top_k)
+    return version, steps
 
 
 def _collect(steps: Iterator[Step], job: _Job) -> list[_Sample]:

@@ -6,10 +6,12 @@ with :func:`arborl.rollout.sampling.sample_next`, the rollout engine's own sampl
 log-prob is therefore the engine's convention, ``log_softmax(logits / T)[token]`` under the full
 distribution (``T`` the temperature, 1 when greedy; top-p ignored), which the trainer recomputes.
 
-Requests are served one at a time (a lock around the model): the server is for evaluation
-harnesses, agent frameworks and CPU tests, not throughput; a serving engine (vLLM, SGLang) is
-for that. Weight sync (:meth:`ServedModel.load`) swaps the model under the same lock, so no
-response mixes two versions, and bumps :attr:`ServedModel.policy_version`.
+Requests run concurrently on the server's threads, each with its own KV cache, but are not
+batched together: the server is for evaluation harnesses, agent frameworks and CPU tests, not
+throughput; a serving engine (vLLM, SGLang) is for that. Weight sync (:meth:`ServedModel.load`)
+loads the new model first, then swaps it in and bumps :attr:`ServedModel.policy_version` under
+a lock; a request reads the model and its version together when it starts and keeps that model,
+so no response mixes two versions.
 """
 
 from __future__ import annotations

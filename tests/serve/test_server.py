@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -130,3 +132,31 @@ def test_weight_sync_loads_a_checkpoint_and_bumps_the_policy_version(client, ser
     r = httpx.post(server.url + "/update_weights_from_disk", json={"model_path": str(tmp_path / "nope")})
     assert r.status_code == 400 and "not a directory" in r.json()["message"]
     assert httpx.get(server.url + "/health").json()["policy_version"] == 7
+
+
+def test_a_client_that_leaves_mid_stream_does_not_block_the_next_request(client, server):
+    body = {"prompt": PROMPT, "max_tokens": 200, "stream": True, "stop_token_ids": [10_000_000]}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as r:
+        first = next(r.iter_lines())
+        assert first.startswith("data: ")
+    # the stream was dropped after one chunk; the model lock must be free again
+    r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, timeout=20)
+    assert r.usage.completion_tokens == 2
+
+
+def test_a_weight_load_mid_stream_leaves_that_stream_on_its_weights(client, server, checkpoint, checkpoint_b):
+    body = {"prompt": PROMPT, "max_tokens": 40, "stream": True, "stop_token_ids": [10_000_000], "logprobs": 0,
+            "seed": 1, "return_token_ids": True}
+    chunks = []
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        lines = (x for x in r.iter_lines() if x.startswith("data: {"))
+        chunks.append(json.loads(next(lines)[6:]))
+        sync = httpx.post(server.url + "/update_weights_from_disk", json={"model_path": str(checkpoint_b)}, timeout=60)
+        assert sync.json()["policy_version"] == 1  # loaded while the stream is still generating
+        chunks += [json.loads(x[6:]) for x in lines]
+    assert {c["policy_version"] for c in chunks} == {0}
+    ids = [t for c in chunks for t in c["choices"][0]["token_ids"]]
+    lps = [v for c in chunks if c["choices"][0]["logprobs"] for v in c["choices"][0]["logprobs"]["token_logprobs"]]
+    assert len(ids) == 40
+    assert lps == pytest.approx(recomputed(checkpoint, PROMPT, ids, 1.0), abs=1e-4)  # all of it the old weights
+    assert client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2).policy_version == 1
