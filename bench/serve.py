@@ -11,7 +11,7 @@ tests/serve/test_http_policy.py), three ways:
 
 Prints episodes/s, generated tokens/s and each row's wall time as a ratio to the in-process one.
 What the ratio measures: HTTP and JSON per turn, plus what ``arborl serve`` does not do (it
-serves one request at a time and prefills an episode's whole history each turn, where the engine
+does not batch concurrent requests and prefills an episode's whole history each turn, where the engine
 batches all live episodes and keeps their caches).
 
 Usage: ``python bench/serve.py [--episodes 32] [--threads 1]``
