@@ -54,7 +54,8 @@ class PolicySpec:
     """The model: built from a config with a locally trained tokenizer, or loaded from a local path."""
 
     init: str = "scratch"
-    """``scratch`` to build a small model from ``model``, or a local Hugging Face checkpoint directory."""
+    """``scratch`` to build a small model from ``model``, a local Hugging Face checkpoint directory, a LoRA
+    adapter directory (loaded onto the base it names), or a Hub id already in the local Hub cache."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """Architecture of a scratch model (ignored when ``init`` is a path)."""
     system_prompt: str = ""
