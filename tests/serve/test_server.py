@@ -160,3 +160,26 @@ def test_a_weight_load_mid_stream_leaves_that_stream_on_its_weights(client, serv
     assert len(ids) == 40
     assert lps == pytest.approx(recomputed(checkpoint, PROMPT, ids, 1.0), abs=1e-4)  # all of it the old weights
     assert client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2).policy_version == 1
+
+
+def test_a_lora_adapter_directory_is_served_on_its_base(tmp_path, checkpoint, tokenizer):
+    from openai import OpenAI
+
+    from arborl.policy import add_lora, save_adapter
+    from arborl.serve import PolicyServer, ServedModel
+
+    model, _ = load_policy(checkpoint)
+    lora = add_lora(model, rank=2)
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.fill_(0.3)
+    adapter = save_adapter(lora, tokenizer, tmp_path / "adapter", base=checkpoint)
+    with PolicyServer(ServedModel(adapter, device="cpu")) as s:
+        c = OpenAI(base_url=s.base_url, api_key="unused", max_retries=0, timeout=60)
+        r = c.completions.create(model="adapter", prompt=PROMPT, max_tokens=8, seed=4, logprobs=0, extra_body=IDS)
+    ids = r.choices[0].token_ids
+    with torch.no_grad():
+        lp = token_logprobs(lora, torch.tensor([PROMPT + ids]))[0][len(PROMPT):].tolist()
+    assert r.choices[0].logprobs.token_logprobs == pytest.approx(lp, abs=1e-4)
+    assert r.choices[0].logprobs.token_logprobs != pytest.approx(recomputed(checkpoint, PROMPT, ids, 1.0), abs=1e-3)
