@@ -51,6 +51,7 @@ from typing import Any, Literal
 
 import torch
 
+from arborl.config import ConfigError
 from arborl.policy.chat import ChatRenderer
 from arborl.policy.model import save_policy
 from arborl.rollout.config import SamplingConfig
@@ -297,6 +298,9 @@ def rollout_policy(spec: Any, model: Any, tokenizer: Any, version: int, sync_dir
     ``backend = "local"``: the model in this process. ``"http"``: the servers of ``spec.urls``,
     after writing the current weights to ``sync_dir`` and making every server load them as
     ``version`` (the servers must be able to read ``sync_dir``: same machine or a shared disk).
+
+    Raises:
+        ConfigError: a server could not be reached or refused the weights.
     """
     renderer = ChatRenderer(tokenizer, spec.system_prompt or None)
     if spec.backend == "local":
@@ -304,5 +308,10 @@ def rollout_policy(spec: Any, model: Any, tokenizer: Any, version: int, sync_dir
     policy = HTTPPolicy(list(spec.urls), renderer, api=spec.http_api, model=spec.http_model or None,
                         timeout_s=spec.http_timeout_s, retries=spec.http_retries)
     save_policy(model, tokenizer, sync_dir)
-    policy.sync(str(sync_dir), version)
+    try:
+        policy.sync(str(sync_dir), version)
+    except ServerError as exc:  # a wrong URL or a server that cannot read the weights: the run cannot start
+        policy.close()
+        raise ConfigError(f"policy.backend = \"http\": {exc}. Check policy.urls (start servers with `arborl serve "
+                          f"CHECKPOINT`) and that every server can read {str(sync_dir)!r}") from None
     return policy

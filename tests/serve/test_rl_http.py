@@ -39,3 +39,8 @@ def test_http_backend_config_errors_name_the_fix(tmp_path):
     p = arborl("rl", "examples/frozenlake.toml", *base, "--set", 'policy.backend="http"', "--set",
                'policy.urls=["http://127.0.0.1:9"]', "--set", "rl.branch=true", check=False)
     assert p.returncode == 2 and "rl.branch = false" in p.stderr
+    p = arborl("rl", "examples/frozenlake.toml", *base, "--set", 'policy.backend="http"', "--set",
+               'policy.urls=["http://127.0.0.1:9"]', "--set", "rl.branch=false", check=False)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and "weight sync to http://127.0.0.1:9 failed" in lines[0], p.stderr
+    assert "Check policy.urls" in lines[0]
