@@ -8,6 +8,7 @@
     arborl compare CONFIG.toml --methods grpo,gigpo,... --seeds 3  # methods side by side, equal env steps
     arborl store query|slice|profile|export|expire|show STORE_URL ...  # inspect a trajectory store
     arborl view STORE_URL [--run RUN_DIR ...]     # explore episodes, groups and runs in the browser
+    arborl serve CHECKPOINT [--port N]             # OpenAI-compatible server over a checkpoint
 
 Heavy modules (torch, transformers) are imported by the commands that need them, so ``--help``
 and ``--version`` answer at once. arborl's own errors (bad config, env, store, record, template,
@@ -262,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     from arborl.search.cli import add_search_commands
 
     add_search_commands(sub)
+    from arborl.serve.cli import add_serve_command
+
+    add_serve_command(sub)
     from arborl.train.compare import add_compare_command
 
     add_compare_command(sub)

@@ -17,6 +17,7 @@ pass (the rollout relies on that; see ``tests/rollout``).
 
 from __future__ import annotations
 
+import functools
 import json
 import warnings
 from dataclasses import dataclass
@@ -140,7 +141,7 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path
     """Write ``model`` and ``tokenizer`` as a standard HF checkpoint directory.
 
     Args:
-        model: Any HF causal LM.
+        model: Any HF causal LM; a LoRA model (:func:`add_lora`) is written merged.
         tokenizer: Its tokenizer; must carry a chat template.
         path: Directory to write (created if missing; existing files are overwritten).
 
@@ -154,6 +155,8 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path
     if not tokenizer.chat_template:
         raise ValueError("the tokenizer has no chat_template; set one so the checkpoint can render chats")
     out = Path(path)
+    if is_lora(model):  # an export is a plain checkpoint: the adapter merged into a copy of the base
+        model = merge_lora(model)
     _require_portable(tokenizer, model.config.model_type, f"refusing to write {str(out)!r}")
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
@@ -161,12 +164,33 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path
     return out
 
 
-def load_policy(path: str | Path, *, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def resolve_device(device: str) -> torch.device:
+    """The torch device a ``device`` setting names: ``auto`` is CUDA when present, else the CPU.
+
+    Raises:
+        ValueError: the name is not a torch device, or names CUDA on a machine without it.
+    """
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device {device!r} is not a torch device; use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asks for CUDA but torch sees no GPU here; use auto or cpu")
+    return dev
+
+
+def load_policy(path: str | Path, *, dtype: torch.dtype = torch.float32,
+                device: str | torch.device = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a local HF causal-LM checkpoint directory and its tokenizer.
 
     Args:
-        path: Directory with ``config.json``, weights and tokenizer files with a chat template.
+        path: Directory with ``config.json``, weights and tokenizer files with a chat template; or
+            a LoRA adapter directory (:func:`save_adapter`), loaded onto its base; or a Hugging Face
+            Hub id (``Qwen/Qwen2.5-0.5B-Instruct``) already in the local Hub cache.
         dtype: Dtype of the loaded weights.
+        device: Where the weights go (a torch device, or a name :func:`resolve_device` reads).
 
     Returns:
         ``(model, tokenizer)``; the model is in eval mode with ``eager`` attention.
@@ -175,7 +199,9 @@ def load_policy(path: str | Path, *, dtype: torch.dtype = torch.float32) -> tupl
         FileNotFoundError: the directory or its ``config.json`` is missing.
         ValueError: the tokenizer has no chat template or no end-of-sequence token.
     """
-    d = Path(path)
+    d = _local_dir(path)
+    if (d / ADAPTER_CONFIG).is_file() and not (d / "config.json").is_file():
+        return _load_adapter(d, dtype=dtype, device=device)
     if not d.is_dir():
         raise FileNotFoundError(
             f"policy checkpoint {str(d)!r} is not a directory; pass a directory written by save_policy "
@@ -195,7 +221,8 @@ def load_policy(path: str | Path, *, dtype: torch.dtype = torch.float32) -> tupl
     if tokenizer.eos_token_id is None:
         raise ValueError(f"the tokenizer in {str(d)!r} has no eos_token; set one and save it again")
     model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
-    return model.eval(), tokenizer
+    dev = device if isinstance(device, torch.device) else resolve_device(device)
+    return model.to(dev).eval(), tokenizer
 
 
 def _require_portable(tokenizer: PreTrainedTokenizerBase, model_type: str, what: str) -> None:
@@ -233,3 +260,164 @@ def _load_tokenizer(d: Path) -> PreTrainedTokenizerBase:
             )
             tokenizer = PreTrainedTokenizerFast.from_pretrained(d)
     return tokenizer
+
+
+# --- LoRA (peft) ---------------------------------------------------------------------------------
+ADAPTER_CONFIG = "adapter_config.json"
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+"""Modules a LoRA adapter wraps by default: the attention projections (as in the LoRA paper, §4.2)."""
+
+
+def is_lora(model: torch.nn.Module) -> bool:
+    """Whether ``model`` carries a peft adapter."""
+    return hasattr(model, "peft_config")
+
+
+def add_lora(model: PreTrainedModel, *, rank: int, alpha: float | None = None, dropout: float = 0.0,
+             targets: tuple[str, ...] = LORA_TARGETS, base: str | Path | None = None) -> PreTrainedModel:
+    """Wrap ``model`` in a LoRA adapter: only the adapter's ``A, B`` matrices are trainable.
+
+    ``B`` starts at zero, so the wrapped model computes exactly what ``model`` did. Dropout
+    defaults to 0: behaviour and training log-probs must be the same function. ``base`` (the
+    checkpoint ``model`` was loaded from) is recorded for :func:`save_adapter`.
+
+    Raises:
+        ImportError: peft is not installed (``pip install 'arborl[lora]'``).
+    """
+    if not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"LoRA rank is {rank!r}; use a positive integer (e.g. 8)")
+    from peft import LoraConfig, get_peft_model
+
+    cfg = LoraConfig(r=rank, lora_alpha=float(alpha if alpha is not None else 2 * rank), lora_dropout=dropout,
+                     target_modules=list(targets), bias="none", task_type="CAUSAL_LM")
+    if base is not None:
+        cfg.base_model_name_or_path = str(Path(base).resolve())
+    return get_peft_model(model, cfg)
+
+
+def save_adapter(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | Path,
+                 base: str | Path | None = None) -> Path:
+    """Write only the adapter of a LoRA model (and the tokenizer) to ``path``; ``base`` is recorded in it
+    (default: the base given to :func:`add_lora`).
+
+    :func:`load_policy` on ``path`` loads ``base`` and applies the adapter; :func:`save_policy`
+    writes the merged model instead.
+    """
+    if not is_lora(model):
+        raise ValueError("save_adapter needs a LoRA model (add_lora); save a plain model with save_policy")
+    out = Path(path)
+    if base is not None:
+        model.peft_config["default"].base_model_name_or_path = str(Path(base).resolve())
+    if not model.peft_config["default"].base_model_name_or_path:
+        raise ValueError("save_adapter: name the base checkpoint (base=...) so the adapter can be loaded onto it")
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    save_tokenizer(tokenizer, out)
+    return out
+
+
+def load_weights(model: PreTrainedModel, checkpoint: str | Path) -> None:
+    """Set ``model``'s trainable weights from a checkpoint written by the trainer, in place.
+
+    A plain model takes every weight of ``checkpoint``; a LoRA model takes only its adapter, from
+    ``checkpoint/adapter`` (the base stays the one it was built on).
+    """
+    d = Path(checkpoint)
+    if not is_lora(model):
+        model.load_state_dict(load_policy(d)[0].state_dict())
+        return
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    file = d / "adapter" / "adapter_model.safetensors"
+    if not file.is_file():
+        raise FileNotFoundError(f"{str(d)!r} has no adapter/adapter_model.safetensors; it was not written by a "
+                                "LoRA run (resume it with policy.lora_rank = 0)")
+    set_peft_model_state_dict(model, load_file(str(file)))
+
+
+def merge_lora(model: PreTrainedModel) -> PreTrainedModel:
+    """A plain model with the adapter's ``B A`` added into the base weights (``model`` is left as it is)."""
+    import copy
+
+    return copy.deepcopy(model).merge_and_unload()
+
+
+def _load_adapter(d: Path, *, dtype: torch.dtype, device: str | torch.device) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    from peft import PeftModel
+
+    base = json.loads((d / ADAPTER_CONFIG).read_text(encoding="utf-8")).get("base_model_name_or_path")
+    if not base:
+        raise FileNotFoundError(f"the adapter in {str(d)!r} does not name its base model (base_model_name_or_path)")
+    model, _ = load_policy(base, dtype=dtype, device=device)
+    tokenizer = _load_tokenizer(d) if (d / "tokenizer_config.json").is_file() else _load_tokenizer(Path(base))
+    return PeftModel.from_pretrained(model, d).eval(), tokenizer
+
+
+def _local_dir(path: str | Path) -> Path:
+    """``path``, or the local Hub-cache snapshot of a Hub id (the download itself is the user's)."""
+    d = Path(path)
+    text = str(path)
+    if d.exists() or text.count("/") != 1 or text.startswith((".", "/")):
+        return d
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(text, local_files_only=True))
+    except Exception:
+        raise FileNotFoundError(
+            f"policy checkpoint {text!r} is neither a local directory nor a Hub id in the local Hub cache; "
+            f"download it first (`hf download {text}`) or pass the directory that holds config.json"
+        ) from None
+
+
+# --- memory options of the training forward ----------------------------------------------------
+def set_training_options(model: PreTrainedModel, *, gradient_checkpointing: bool = False,
+                         autocast: Literal["none", "bf16"] = "none") -> PreTrainedModel:
+    """Make the forward passes that record gradients cheaper in memory; gradient-free ones stay as they are.
+
+    Both act only while ``torch.is_grad_enabled()``: the rollout (inference mode) and the reference
+    and old log-probs (no grad) run in float32 without recomputation, as before.
+
+    Args:
+        model: The policy (a LoRA model too); changed in place and returned.
+        gradient_checkpointing: Keep only each decoder layer's input for the backward pass and
+            recompute the layer there (``torch.utils.checkpoint``, non-reentrant). Gradients are
+            the same; activation memory drops from every layer's intermediates to one tensor per
+            layer. Unlike transformers' own switch it works in eval mode, which the trainer keeps.
+        autocast: ``bf16`` runs the forward under ``torch.autocast`` in bfloat16 (weights and
+            optimizer stay float32). The trained log-probs are then bf16 numbers, while behaviour
+            log-probs were recorded in float32: the importance ratio at the behaviour policy is no
+            longer exactly 1 (a precision mismatch, not a bug).
+    """
+    if autocast not in ("none", "bf16"):
+        raise ValueError(f"autocast is {autocast!r}; use 'none' or 'bf16'")
+    if gradient_checkpointing:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+
+        layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+        if not layers:
+            raise ValueError(f"{type(model).__name__} has no decoder layers to checkpoint")
+        for layer in layers:  # a partial, not a closure: a deepcopy (merge_lora) then binds the copy's layer
+            layer.forward = functools.partial(_checkpointed_forward, layer)
+    if autocast == "bf16":
+        model.forward = functools.partial(_autocast_forward, model, torch.bfloat16)
+    return model
+
+
+def _checkpointed_forward(layer: torch.nn.Module, *args, **kwargs):
+    forward = type(layer).forward
+    if not torch.is_grad_enabled() or kwargs.get("cache") is not None:  # a recompute would append to the cache twice
+        return forward(layer, *args, **kwargs)
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(forward, layer, *args, use_reentrant=False, **kwargs)
+
+
+def _autocast_forward(model: torch.nn.Module, dtype: torch.dtype, *args, **kwargs):
+    forward = type(model).forward
+    if not torch.is_grad_enabled():
+        return forward(model, *args, **kwargs)
+    device = next(model.parameters()).device.type
+    with torch.autocast(device, dtype=dtype):
+        return forward(model, *args, **kwargs)

@@ -391,7 +391,7 @@ def _record(lv: _Live, out: TurnOutput, gen_s: float, renderer: ChatRenderer, po
         output_logprobs=out.logprobs,
         output_mask=out.mask,
         state_key=lv.state_key,
-        policy_version=policy_version,
+        policy_version=policy_version if out.policy_version is None else out.policy_version,
         timings={"generate": gen_s},
     )
     ep.add_turn(turn)

@@ -56,6 +56,9 @@ class TurnOutput:
     mask: list[int] = field(default_factory=list)
     text: str | None = None
     error: str | None = None
+    policy_version: int | None = None
+    """Version of the weights that sampled the turn, when the policy knows it (a generation server
+    reports the version it last loaded); ``None``: the version ``run_episodes`` was given."""
 
 
 class LMSession:

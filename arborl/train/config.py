@@ -54,13 +54,53 @@ class PolicySpec:
     """The model: built from a config with a locally trained tokenizer, or loaded from a local path."""
 
     init: str = "scratch"
-    """``scratch`` to build a small model from ``model``, or a local Hugging Face checkpoint directory."""
+    """``scratch`` to build a small model from ``model``, a local Hugging Face checkpoint directory, a LoRA
+    adapter directory (loaded onto the base it names), or a Hub id already in the local Hub cache."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """Architecture of a scratch model (ignored when ``init`` is a path)."""
     system_prompt: str = ""
     """System message of every episode ("" for none)."""
     tokenizer_episodes: int = 300
     """Random-play episodes whose text trains the scratch tokenizer."""
+    lora_rank: int = 0
+    """RL trains a LoRA adapter of this rank on the attention projections instead of every weight (0: full
+    fine-tuning; needs ``arborl[lora]``). Checkpoints hold the merged model and, in ``adapter/``, the adapter."""
+    lora_alpha: float = 0.0
+    """LoRA scale numerator (the update is ``alpha / rank * B A``); 0 means ``2 * lora_rank``."""
+    gradient_checkpointing: bool = False
+    """RL update: recompute each decoder layer in the backward pass instead of keeping its activations (same
+    gradients, less memory, about one more forward of compute)."""
+    autocast: Literal["none", "bf16"] = "none"
+    """RL update: run the training forward in bfloat16 autocast (weights stay float32; rollouts and reference
+    log-probs stay float32, so the ratio at the behaviour policy is only approximately 1)."""
+    backend: Literal["local", "http"] = "local"
+    """Where RL rollouts are generated: ``local`` in this process, ``http`` on the generation servers of
+    ``urls`` (``arborl serve``, vLLM, SGLang; docs/serve.md), which get the new weights after every update."""
+    urls: list[str] = field(default_factory=list)
+    """``backend = "http"``: server roots, e.g. ``["http://127.0.0.1:8000"]``; episodes are spread over them,
+    each sticking to one server."""
+    http_api: Literal["openai", "sglang"] = "openai"
+    """``backend = "http"``: the wire format, ``openai`` (``/v1/completions``: arborl serve, vLLM) or ``sglang``
+    (``/generate``)."""
+    http_model: str = ""
+    """``backend = "http"``: the ``model`` field of ``openai`` requests ("" leaves it out; vLLM needs it)."""
+    http_timeout_s: float = 120.0
+    """``backend = "http"``: deadline of one generation request."""
+    http_retries: int = 2
+    """``backend = "http"``: further tries of a failed request (on another server when one is up); when all
+    fail the episode ends with stop reason ``env_error`` and the run goes on."""
+
+    def __post_init__(self) -> None:
+        if self.backend == "http" and not self.urls:
+            raise ConfigError('policy.backend = "http" needs policy.urls, e.g. ["http://127.0.0.1:8000"] '
+                              "(start one with `arborl serve CHECKPOINT`)")
+        bad = [u for u in self.urls if not u.startswith(("http://", "https://"))]
+        if bad:
+            raise ConfigError(f"policy.urls: {bad} are not http(s) URLs; write them as http://HOST:PORT")
+        if self.lora_rank < 0 or self.lora_alpha < 0:
+            raise ConfigError("policy.lora_rank and policy.lora_alpha must be >= 0 (lora_rank 0: no adapter)")
+        if self.http_retries < 0 or not self.http_timeout_s > 0:
+            raise ConfigError("policy.http_retries must be >= 0 and policy.http_timeout_s > 0")
 
 
 @dataclass(frozen=True)
@@ -379,6 +419,10 @@ class TrainConfig:
             raise ConfigError(f"report_to: {bad} are unknown; choose from {list(LOGGERS)} (metrics.jsonl is always written)")
         _check_positive(self, "threads")
         self._check_branch_sampling()
+        if self.policy.backend == "http" and self.rl.branch:
+            raise ConfigError('rl.branch = true needs policy.backend = "local": a branch forces an action and scores it '
+                              "with prompt log-probs, which generation servers do not return. Set rl.branch = false "
+                              "(rl.tree works over HTTP)")
 
     def _check_branch_sampling(self) -> None:
         """Greedy branches record their forced action's log-prob at temperature 1; sampling must match."""

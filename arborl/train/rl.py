@@ -41,9 +41,11 @@ from arborl.config import ConfigError
 from arborl.credit import StepBatch, credit_on_groups, starpo_s_groups
 from arborl.env import Env
 from arborl.loss import ppo_clip_loss
-from arborl.policy import ChatRenderer, load_policy, save_policy, token_logprobs, token_logprobs_and_entropy
-from arborl.rollout import ModelPolicy, RolloutConfig, run_episodes
+from arborl.policy import load_policy, save_policy, token_logprobs, token_logprobs_and_entropy
+from arborl.policy.model import add_lora, is_lora, load_weights, save_adapter, set_training_options
+from arborl.rollout import RolloutConfig, run_episodes
 from arborl.rollout.branch import branch_specs
+from arborl.rollout.http_policy import rollout_policy
 from arborl.rollout.kvcache import PrefixCache
 from arborl.rollout.tree import tree_specs
 from arborl.tools.metrics import episode_metrics, tool_metrics
@@ -151,6 +153,9 @@ def _learner(cfg: TrainConfig, start_path: Path, resume_from: Path | None, env_s
     """The policy, reference, optimizer and RNG streams at the start (or at checkpoint ``resume_from``)."""
     rc = cfg.rl
     model, tok = load_policy(start_path)
+    if cfg.policy.lora_rank:  # only the adapter trains; the reference below stays the plain start policy
+        model = add_lora(model, rank=cfg.policy.lora_rank, alpha=cfg.policy.lora_alpha or None, base=start_path)
+    set_training_options(model, gradient_checkpointing=cfg.policy.gradient_checkpointing, autocast=cfg.policy.autocast)
     model.eval()  # no dropout: behaviour and training log-probs must match
     ref = load_policy(start_path)[0].eval().requires_grad_(False) if rc.kl_coef > 0 else None
     opt = torch.optim.AdamW(model.parameters(), lr=rc.lr, weight_decay=rc.weight_decay, betas=(0.9, 0.99))
@@ -160,7 +165,7 @@ def _learner(cfg: TrainConfig, start_path: Path, resume_from: Path | None, env_s
     if resume_from is None:
         return lrn, 0
     state = load_trainer_state(resume_from / "trainer_state.pt")
-    model.load_state_dict(load_policy(resume_from)[0].state_dict())
+    load_weights(model, resume_from)
     opt.load_state_dict(state["optimizer"])
     set_rng_state(state["rng"], lrn.gen)
     lrn.task_gen.set_state(state["task_rng"])
@@ -236,7 +241,7 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
     offsets = torch.randint(0, cfg.env.train_seed_count, (rc.tasks_per_iter,), generator=lrn.task_gen).tolist()
     seeds = [cfg.env.train_seed_start + o for o in offsets]
     specs = specs_for(cfg, task_type, seeds, group_size=rc.group_size, group_prefix=f"rl{it}")
-    policy = ModelPolicy(lrn.model, ChatRenderer(lrn.tok, cfg.policy.system_prompt or None))
+    policy = rollout_policy(cfg.policy, lrn.model, lrn.tok, it, Path(cfg.run_dir) / "policy" / "serving")
     trunk_kv = PrefixCache() if rc.branch or rc.tree else None  # trunk caches for the continuations
     with phase("rollout"):
         rolled = run_episodes(policy, make_env, specs, cfg.rollout, generator=lrn.gen,
@@ -338,7 +343,9 @@ def _save(cfg: TrainConfig, lrn: _Learner, iteration: int, final: bool = False, 
     """
     flush(sink)
     path = Path(cfg.run_dir) / "checkpoints" / f"rl-{iteration:06d}"
-    save_policy(lrn.model, lrn.tok, path)
+    save_policy(lrn.model, lrn.tok, path)  # a LoRA model is written merged; its adapter beside it
+    if is_lora(lrn.model):
+        save_adapter(lrn.model, lrn.tok, path / "adapter")
     save_trainer_state(path / "trainer_state.pt", {
         "optimizer": lrn.opt.state_dict(), "rng": rng_state(lrn.gen), "task_rng": lrn.task_gen.get_state(),
         "iteration": iteration, "counters": dict(lrn.counters),
