@@ -7,6 +7,7 @@
     arborl config keys                             # every config key
     arborl compare CONFIG.toml --methods grpo,gigpo,... --seeds 3  # methods side by side, equal env steps
     arborl store query|slice|profile|export|expire STORE_URL ...  # inspect a trajectory store
+    arborl merge --method ties --out DIR CKPT1 CKPT2 [--base CKPT] [--weights ..] [--density ..]  # merge models
 
 Heavy modules (torch, transformers) are imported by the commands that need them, so ``--help``
 and ``--version`` answer at once. arborl's own errors (bad config, env, store, record, template,
@@ -264,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     from arborl.train.compare import add_compare_command
 
     add_compare_command(sub)
+    from arborl.merge.cli import add_merge_command
+
+    add_merge_command(sub)
     return p
 
 
