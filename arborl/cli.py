@@ -1,7 +1,7 @@
 """The ``arborl`` command line: the one place where names in a config map to objects.
 
     arborl train CONFIG.toml [--set key=value ...] [--resume | --overwrite]   # synth -> sft -> rl -> eval
-    arborl synth|sft|rl CONFIG.toml [--set ...] [--resume | --overwrite]      # one stage
+    arborl synth|midtrain|sft|rl CONFIG.toml [--set ...] [--resume | --overwrite]      # one stage
     arborl eval CONFIG.toml [--set ...] [--checkpoint PATH]                   # evaluate, print the table
     arborl config show CONFIG.toml [--set ...]     # the resolved config, each key with default and help
     arborl config keys                             # every config key
@@ -238,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_ in (("train", "run the configured pipeline (synth -> sft -> rl -> eval)"),
                         ("synth", "synthesize expert trajectories into the store"),
+                        ("midtrain", "mid-training: continued pre-training on every token of packed trajectories"),
                         ("sft", "SFT cold start on stored trajectories"),
                         ("rl", "online RL from the SFT checkpoint (or the initial policy)"),
                         ("eval", "evaluate the run's SFT and RL checkpoints (or --checkpoint, or policy.init) "

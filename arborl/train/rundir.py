@@ -24,7 +24,9 @@ STATE_FILE = "run_state.json"
 
 STAGE_OUTPUTS = {
     "synth": ("trajectories.db", "trajectories.db.blobs", "trajectories.db-wal", "trajectories.db-shm"),
+    "midtrain": ("policy/midtrain",),
     "sft": ("policy/sft",),
+    "merge": ("policy/merge",),
     "rl": ("checkpoints", "policy/rl"),
 }
 """Files and folders in ``run_dir`` that each stage writes (the store file only when it is the default)."""
@@ -155,7 +157,7 @@ class RunDir:
         plan = Plan(run=[], state=finished)
         for s in stages:
             ckpt = latest_checkpoint(self.path) if s == "rl" else None
-            if s in finished and s in ("synth", "sft"):
+            if s in finished and s in ("synth", "midtrain", "sft", "merge"):
                 plan.skipped[s] = "finished earlier"
             elif ckpt is not None and checkpoint_iteration(ckpt) >= rl_iterations:
                 plan.skipped[s] = f"finished earlier ({ckpt} is iteration {checkpoint_iteration(ckpt)})"
