@@ -44,6 +44,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 """Files of a checkpoint that make up its tokenizer: compared between sources, copied to the output."""
 
 CONFIG_IGNORED = ("transformers_version", "_name_or_path", "dtype", "torch_dtype")
+
+TOKENIZER_CONFIG_IGNORED = ("is_local", "local_files_only", "name_or_path", "_commit_hash")
+"""``tokenizer_config.json`` keys that record how a tokenizer was loaded, not what it does (transformers
+writes them after a ``from_pretrained`` -> ``save_pretrained`` round trip, as every training stage does)."""
 """``config.json`` keys that may differ between checkpoints of one architecture."""
 
 
@@ -129,7 +133,12 @@ def _check_tokenizer(a: Path, b: Path, where: str) -> None:
 
 def _file_value(f: Path) -> Any:
     data = f.read_bytes()
-    return json.loads(data) if f.suffix == ".json" else data
+    if f.suffix != ".json":
+        return data
+    value = json.loads(data)
+    if f.name == "tokenizer_config.json":
+        value = {k: v for k, v in value.items() if k not in TOKENIZER_CONFIG_IGNORED}
+    return value
 
 
 def resolve_path(name: str, run_dir: str | Path | None) -> Path:

@@ -30,6 +30,11 @@ def two(tmp_path: Path) -> tuple[Path, Path]:
     return make(tmp_path / "a", 0), make(tmp_path / "b", 1)
 
 
+def copy_of(src: Path, dest: Path) -> Path:
+    shutil.copytree(src, dest)
+    return dest
+
+
 def weights(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path / "model.safetensors"))
 
@@ -73,8 +78,7 @@ def test_different_sizes_name_the_first_mismatching_tensor(two, tmp_path):
 
 def test_one_reshaped_tensor_is_named(two, tmp_path):
     a, b = two
-    bad = tmp_path / "bad"
-    shutil.copytree(b, bad)
+    bad = copy_of(b, tmp_path / "bad")
     w = weights(bad)
     name = "model.layers.1.mlp.up_proj.weight"
     w[name] = w[name][:-1].clone()
@@ -89,8 +93,7 @@ def test_one_reshaped_tensor_is_named(two, tmp_path):
 
 def test_other_architecture_config_is_named(two, tmp_path):
     a, b = two
-    other = tmp_path / "other"
-    shutil.copytree(b, other)
+    other = copy_of(b, tmp_path / "other")
     text = (other / "config.json").read_text().replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": 1e-05')
     assert "1e-05" in text
     (other / "config.json").write_text(text)
@@ -134,3 +137,13 @@ def test_cli_ties_merge_and_its_errors(two, tmp_path):
     assert len(bad.stderr.strip().splitlines()) == 1
     missing = arborl("merge", "--method", "dare", "--out", str(tmp_path / "m3"), str(a), str(b), check=False)
     assert missing.returncode == 2 and "set merge.base (--base)" in missing.stderr
+
+
+def test_a_reloaded_checkpoint_keeps_its_tokenizer(two, tmp_path):
+    # load_policy + save_policy (what every training stage does) adds loading flags to
+    # tokenizer_config.json; the tokenizer is the same, so the merge must not refuse it
+    a, _ = two
+    model, tok = load_policy(a)
+    again = save_policy(model, tok, tmp_path / "again")
+    assert (again / "tokenizer_config.json").read_text() != (a / "tokenizer_config.json").read_text()
+    merge_checkpoints(MergeConfig(method="ties", models=[str(again), str(a)], base=str(a)), tmp_path / "m")
