@@ -10,7 +10,9 @@ merge's score on each env as a fraction of that env's specialist.
 tokens (the mid-training steps replace SFT steps of the same token count), each seed's held-out
 success after each stage.
 
-Usage: ``python bench/midtrain_merge.py merge|midtrain --out DIR [--seeds 0,1] [--eval 128]``
+``rl`` (after ``midtrain``, same ``--out``): RL with the same budget on top of both arms.
+
+Usage: ``python bench/midtrain_merge.py merge|midtrain|rl --out DIR [--seeds 0,1] [--eval 128]``
 """
 
 from __future__ import annotations
@@ -114,19 +116,38 @@ def bench_midtrain(out: Path, seeds: list[int], episodes: int, sft_steps: int, r
     return rows
 
 
+def bench_rl(out: Path, seeds: list[int], episodes: int, iterations: int) -> dict:
+    """RL on top of both arms of ``midtrain`` (run first), the same RL budget for each."""
+    rows: dict = {}
+    for seed in seeds:
+        for arm in ("sft-only", "midtrain"):
+            run = out / f"{arm}-{seed}"
+            cli("train", ENVS["frozenlake"], *sets([
+                f'run_dir="{run}"', 'stages=["rl", "eval"]', f"seed={seed}", f"eval.episodes={episodes}",
+                f"rl.iterations={iterations}", "rl.tasks_per_iter=8", "rl.eval_every=0", "rl.checkpoint_every=0",
+                "synth.episodes=600", *SMALL]))
+            s = json.loads((run / "summary.json").read_text())
+            rows.setdefault(seed, {})[arm] = {k: s[k]["success"] for k in ("midtrain", "sft", "rl") if k in s}
+            rows[seed][arm]["rl_tokens"] = s["tokens"]
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=["merge", "midtrain"])
+    p.add_argument("what", choices=["merge", "midtrain", "rl"])
     p.add_argument("--out", required=True)
     p.add_argument("--seeds", default="0,1")
     p.add_argument("--eval", type=int, default=128, help="held-out episodes per evaluation")
     p.add_argument("--sft-steps", type=int, default=60)
     p.add_argument("--replaced", type=int, default=20, help="SFT steps whose tokens mid-training gets instead")
+    p.add_argument("--rl-iterations", type=int, default=15, help="rl: RL iterations on top of each midtrain arm")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.what == "merge":
         result = bench_merge(out, args.eval)
+    elif args.what == "rl":
+        result = bench_rl(out, [int(s) for s in args.seeds.split(",")], args.eval, args.rl_iterations)
     else:
         result = bench_midtrain(out, [int(s) for s in args.seeds.split(",")], args.eval, args.sft_steps, args.replaced)
     (out / f"{args.what}.json").write_text(json.dumps(result, indent=2))

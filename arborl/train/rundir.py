@@ -98,11 +98,12 @@ class RunDir:
 
     def started(self) -> set[str]:
         """Stages that left outputs here (finished or not); ``eval`` never counts."""
-        out = set(self.finished()) | (self._metric_stages() & {"sft", "rl"})
+        out = set(self.finished()) | (self._metric_stages() & {"midtrain", "sft", "rl"})
         if latest_checkpoint(self.path) is not None or (self.path / "policy" / "rl").exists():
             out.add("rl")
-        if (self.path / "policy" / "sft").exists():
-            out.add("sft")
+        for stage in ("midtrain", "sft", "merge"):
+            if (self.path / "policy" / stage).exists():
+                out.add(stage)
         return out
 
     def remove(self, stages: list[str], *, whole_run: bool) -> None:

@@ -118,3 +118,17 @@ def test_midtrain_config_checks_its_weights():
         load_config(TrainConfig, None, ['midtrain.data=["store:a", "store:b"]', "midtrain.weights=[1.0]"])
     with pytest.raises(ConfigError, match="unknown"):
         load_config(TrainConfig, None, ['stages=["synth", "pretrain"]'])
+
+
+def test_a_run_dir_with_a_midtrain_or_merge_policy_is_not_overwritten_silently(tmp_path):
+    from arborl.train.rundir import RunDir
+
+    rd = RunDir(tmp_path, default_store=True)
+    for stage in ("midtrain", "merge"):
+        (tmp_path / "policy" / stage).mkdir(parents=True)
+        with pytest.raises(ConfigError, match=f"already holds {stage} output"):
+            rd.plan([stage], rl_iterations=1, resume=False, overwrite=False)
+        rd.mark_finished(stage)
+        assert rd.plan([stage, "eval"], rl_iterations=1, resume=True, overwrite=False).run == ["eval"]
+        rd.plan([stage], rl_iterations=1, resume=False, overwrite=True)
+        assert not (tmp_path / "policy" / stage).exists()
