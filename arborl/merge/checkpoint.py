@@ -17,10 +17,14 @@ Floating tensors are merged in float32 and written in the first model's dtype; o
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
+import math
 import shutil
 import struct
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +42,10 @@ DTYPES: dict[str, torch.dtype] = {
     "BOOL": torch.bool,
 }
 """safetensors dtype names and the torch dtypes they hold."""
+
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c")) if ctypes.util.find_library("c") else None
+if _LIBC is not None and not hasattr(_LIBC, "malloc_trim"):  # not glibc (e.g. musl, macOS)
+    _LIBC = None
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")
@@ -70,11 +78,11 @@ class Checkpoint:
         self.config: dict[str, Any] = json.loads((self.path / "config.json").read_text(encoding="utf-8"))
         self.tensors = _tensor_index(self.path)
 
-    def load(self, name: str) -> torch.Tensor:
-        """A fresh float32 copy of tensor ``name`` (read from disk on every call)."""
+    def load(self, name: str, rows: tuple[int, int] | None = None) -> torch.Tensor:
+        """A fresh float32 copy of tensor ``name``, or of its rows ``[r0, r1)`` (read from disk on every call)."""
         info = self.tensors[name]
         with safe_open(str(info.file), framework="pt") as f:
-            t = f.get_tensor(name)
+            t = f.get_tensor(name) if rows is None else f.get_slice(name)[rows[0]:rows[1]]
         return t.to(torch.float32) if t.dtype != torch.float32 else t
 
 
@@ -175,14 +183,62 @@ def merge_checkpoints(cfg: MergeConfig, out: str | Path, *, run_dir: str | Path 
     with tmp.open("wb") as f:
         _write_header(f, first.tensors)
         for name, info in first.tensors.items():
-            merged = _merge_one(cfg, name, info, models, base)
-            f.write(merged.to(DTYPES[info.dtype]).contiguous().view(torch.uint8).numpy())
-            del merged
+            pieces = _ties_pieces(cfg, name, info, models, base) if cfg.method == "ties" else None
+            for merged in pieces or [_merge_one(cfg, name, info, models, base)]:
+                f.write(merged.to(DTYPES[info.dtype]).contiguous().view(torch.uint8).numpy())
+                del merged
+            _release_freed_memory()
     tmp.replace(dest / "model.safetensors")
     for name in ("config.json", "generation_config.json", *TOKENIZER_FILES):
         if (first.path / name).is_file():
             shutil.copyfile(first.path / name, dest / name)
     return dest
+
+
+CHUNK_ELEMENTS = 1 << 18
+"""Entries per slice of TIES's elementwise part (1 MB of float32)."""
+
+
+def _ties_pieces(cfg: MergeConfig, name: str, info: TensorInfo, models: list[Checkpoint],
+                 base: Checkpoint | None) -> Iterator[torch.Tensor] | None:
+    """TIES on a large tensor in row slices (None for a small or non-float one: merge it whole).
+
+    Pass 1 fills one tensor-sized ``|theta_i - base|`` buffer per model, slice by slice, for its
+    magnitude threshold; pass 2 merges each slice with those thresholds, so the peak is one tensor
+    plus a few slices, whatever the number of models.
+    """
+    numel = math.prod(info.shape)
+    if base is None or not DTYPES[info.dtype].is_floating_point or numel <= CHUNK_ELEMENTS or len(info.shape) < 2:
+        return None
+    per_row = numel // info.shape[0]
+    step = max(1, CHUNK_ELEMENTS // per_row)
+    spans = [(r, min(r + step, info.shape[0])) for r in range(0, info.shape[0], step)]
+    thresholds = []
+    for m in models:
+        mag = torch.empty(numel, dtype=torch.float32)
+        for r0, r1 in spans:
+            mag[r0 * per_row:r1 * per_row] = m.load(name, (r0, r1)).sub_(base.load(name, (r0, r1))).abs_().view(-1)
+        thresholds.append(methods.magnitude_threshold(mag, cfg.density))
+        del mag
+    weights = cfg.resolved_weights()
+
+    def pieces() -> Iterator[torch.Tensor]:
+        for span in spans:
+            b = base.load(name, span)
+            yield methods.ties_combine(b, [m.load(name, span).sub_(b) for m in models], weights, thresholds,
+                                       scale=cfg.scale)
+
+    return pieces()
+
+
+def _release_freed_memory() -> None:
+    """Hand the heap pages freed by the last tensor back to the OS (glibc's ``malloc_trim``; no-op elsewhere).
+
+    glibc raises its mmap threshold after the first large free, so later tensor-sized temporaries come
+    from the heap, and freed heap pages count in the process's resident memory until trimmed.
+    """
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
 
 
 def _merge_one(cfg: MergeConfig, name: str, info: TensorInfo, models: list[Checkpoint],

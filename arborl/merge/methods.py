@@ -22,7 +22,8 @@ parameter's values are in memory at a time. Shapes: every tensor is ``(*S)``, an
 Memory: ``linear`` and ``slerp`` accumulate in place, so they hold two source tensors at once;
 ``task_arithmetic`` is ``linear`` with the base weighted ``1 - sum_i w_i`` (two at once too);
 ``dare`` three (the base, the result, one task vector and its mask); ``ties`` every source's task
-vector of the tensor plus the base (it elects the sign over all of them).
+vector of the tensor plus the base (it elects the sign over all of them), which is why
+:mod:`arborl.merge.checkpoint` runs its elementwise part, :func:`ties_combine`, on slices of rows.
 """
 
 from __future__ import annotations
@@ -99,21 +100,28 @@ def task_vectors(load: Load, base: Tensor, n: int) -> list[Tensor]:
     return [load(i).sub_(base) for i in range(n)]
 
 
+def magnitude_threshold(mag: Tensor, density: float) -> float:
+    """The ``k``-th largest value of ``mag`` (``|tau|``, float32), ``k = max(1, round(density * numel))``.
+
+    Reorders ``mag`` in place (numpy's introselect: torch's kthvalue and topk take 1.5-3x the tensor
+    in scratch memory). Returns 0.0 when every entry is kept.
+    """
+    flat = mag.reshape(-1)
+    k = max(1, round(density * flat.numel()))
+    if k >= flat.numel():
+        return 0.0
+    cut = flat.numel() - k
+    flat.numpy().partition(cut)
+    return float(flat[cut])
+
+
 def trim(tau: Tensor, density: float) -> Tensor:
     """Zero, in place, all but the ``round(density * numel)`` entries of largest magnitude (at least 1).
 
     The cut is a magnitude threshold (the k-th largest ``|tau|``), so entries tied with it are all kept.
     """
-    flat = tau.view(-1)
-    k = max(1, round(density * flat.numel()))
-    if k >= flat.numel():
-        return tau
-    mag = flat.abs()
-    cut = flat.numel() - k
-    mag.numpy().partition(cut)  # in place (torch's kthvalue and topk take 1.5-3x the tensor in scratch memory)
-    threshold = float(mag[cut])
-    del mag
-    return flat.masked_fill_(flat.abs() < threshold, 0.0).view_as(tau)
+    threshold = magnitude_threshold(tau.abs(), density)
+    return tau.masked_fill_(tau.abs() < threshold, 0.0)
 
 
 def ties(load: Load, base: Load, weights: Sequence[float], *, density: float, scale: float = 1.0) -> Tensor:
@@ -127,11 +135,29 @@ def ties(load: Load, base: Load, weights: Sequence[float], *, density: float, sc
         scale: Lambda, the factor of the merged task vector.
     """
     b = base(0)
-    taus = [trim(load(i).sub_(b), density).mul_(w) for i, w in enumerate(weights)]  # weighted, trimmed task vectors
+    taus = task_vectors(load, b, len(weights))
+    thresholds = [magnitude_threshold(t.abs(), density) for t in taus]
+    return ties_combine(b, taus, weights, thresholds, scale=scale)
+
+
+def ties_combine(b: Tensor, taus: list[Tensor], weights: Sequence[float], thresholds: Sequence[float], *,
+                 scale: float = 1.0) -> Tensor:
+    """TIES's elementwise part on a tensor or any slice of it: ``b`` plus the merged trimmed task vectors.
+
+    Args:
+        b: Base values (modified in place and returned).
+        taus: Task vectors ``theta_i - b`` over the same entries (modified in place).
+        weights: One weight per task vector.
+        thresholds: Per task vector, the magnitude below which its entries are trimmed
+            (:func:`magnitude_threshold` over the whole tensor, so slices agree with the whole).
+        scale: Factor of the merged task vector.
+    """
+    for t, w, thr in zip(taus, weights, thresholds, strict=True):
+        t.masked_fill_(t.abs() < thr, 0.0).mul_(w)  # weighted, trimmed task vectors
     sign = taus[0].clone()
     for t in taus[1:]:
         sign.add_(t)
-    sign.sign_()  # (*S): the elected sign, that of the weighted entries' total mass
+    sign.sign_()  # the elected sign, that of the weighted entries' total mass
     den = torch.zeros_like(b)  # sum of the weights of the entries that agree with the elected sign
     for t, w in zip(taus, weights, strict=True):
         agree = (torch.sign(t) == sign).logical_and_(t != 0)

@@ -11,8 +11,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from arborl.config import ConfigError
-from arborl.merge import MergeConfig
-from arborl.merge.checkpoint import merge_checkpoints
+from arborl.merge import MergeConfig, methods
+from arborl.merge.checkpoint import CHUNK_ELEMENTS, merge_checkpoints
 from arborl.policy import ModelConfig, build_model, load_policy, save_policy, train_tokenizer
 from tests.e2e.clikit import arborl
 
@@ -147,3 +147,23 @@ def test_a_reloaded_checkpoint_keeps_its_tokenizer(two, tmp_path):
     again = save_policy(model, tok, tmp_path / "again")
     assert (again / "tokenizer_config.json").read_text() != (a / "tokenizer_config.json").read_text()
     merge_checkpoints(MergeConfig(method="ties", models=[str(again), str(a)], base=str(a)), tmp_path / "m")
+
+
+def test_ties_in_row_slices_equals_ties_on_the_whole_tensor(tmp_path):
+    # a tensor above CHUNK_ELEMENTS is merged slice by slice; the thresholds are the whole tensor's
+    gen = torch.Generator().manual_seed(0)
+    shape = (700, 1000)
+    assert shape[0] * shape[1] > CHUNK_ELEMENTS
+    values = [torch.randn(shape, generator=gen) for _ in range(4)]
+    dirs = []
+    for i, v in enumerate(values):
+        d = tmp_path / f"m{i}"
+        d.mkdir()
+        save_file({"w": v, "small": v[:3, :3].clone()}, str(d / "model.safetensors"), metadata={"format": "pt"})
+        (d / "config.json").write_text('{"model_type": "llama"}')
+        dirs.append(str(d))
+    cfg = MergeConfig(method="ties", models=dirs[1:], base=dirs[0], weights=[1.0, 0.5, 2.0], density=0.3, scale=0.8)
+    out = weights(merge_checkpoints(cfg, tmp_path / "out"))
+    whole = methods.ties(lambda i: values[i + 1].clone(), lambda _: values[0].clone(), [1.0, 0.5, 2.0], density=0.3,
+                         scale=0.8)
+    assert torch.equal(out["w"], whole)
