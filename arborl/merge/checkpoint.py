@@ -183,8 +183,7 @@ def merge_checkpoints(cfg: MergeConfig, out: str | Path, *, run_dir: str | Path 
     with tmp.open("wb") as f:
         _write_header(f, first.tensors)
         for name, info in first.tensors.items():
-            pieces = _ties_pieces(cfg, name, info, models, base) if cfg.method == "ties" else None
-            for merged in pieces or [_merge_one(cfg, name, info, models, base)]:
+            for merged in _pieces(cfg, name, info, models, base):
                 f.write(merged.to(DTYPES[info.dtype]).contiguous().view(torch.uint8).numpy())
                 del merged
             _release_freed_memory()
@@ -199,36 +198,52 @@ CHUNK_ELEMENTS = 1 << 18
 """Entries per slice of TIES's elementwise part (1 MB of float32)."""
 
 
-def _ties_pieces(cfg: MergeConfig, name: str, info: TensorInfo, models: list[Checkpoint],
-                 base: Checkpoint | None) -> Iterator[torch.Tensor] | None:
-    """TIES on a large tensor in row slices (None for a small or non-float one: merge it whole).
-
-    Pass 1 fills one tensor-sized ``|theta_i - base|`` buffer per model, slice by slice, for its
-    magnitude threshold; pass 2 merges each slice with those thresholds, so the peak is one tensor
-    plus a few slices, whatever the number of models.
-    """
+def _spans(info: TensorInfo) -> list[tuple[int, int]] | None:
+    """Row ranges of about :data:`CHUNK_ELEMENTS` entries each, or None for a tensor merged whole."""
     numel = math.prod(info.shape)
-    if base is None or not DTYPES[info.dtype].is_floating_point or numel <= CHUNK_ELEMENTS or len(info.shape) < 2:
+    if not DTYPES[info.dtype].is_floating_point or numel <= CHUNK_ELEMENTS or len(info.shape) < 2:
         return None
+    step = max(1, CHUNK_ELEMENTS // (numel // info.shape[0]))
+    return [(r, min(r + step, info.shape[0])) for r in range(0, info.shape[0], step)]
+
+
+def _pieces(cfg: MergeConfig, name: str, info: TensorInfo, models: list[Checkpoint],
+            base: Checkpoint | None) -> Iterator[torch.Tensor]:
+    """The merged tensor ``name``, whole or as consecutive row slices (what the output file takes in order).
+
+    Elementwise methods (linear, task_arithmetic, dare) merge a large tensor slice by slice; TIES
+    does too, with the whole tensor's magnitude thresholds (:func:`_ties_thresholds`); slerp needs
+    the angle between whole tensors and merges them whole.
+    """
+    spans = _spans(info) if cfg.method != "slerp" else None
+    if spans is None:
+        yield _merge_one(cfg, name, info, models, base)
+        return
+    if cfg.method != "ties":
+        for span in spans:
+            yield _merge_one(cfg, name, info, models, base, rows=span)
+        return
+    assert base is not None  # MergeConfig requires a base for ties
+    thresholds = _ties_thresholds(cfg, name, info, models, base, spans)
+    for span in spans:
+        b = base.load(name, span)
+        yield methods.ties_combine(b, [m.load(name, span).sub_(b) for m in models], cfg.resolved_weights(),
+                                   thresholds, scale=cfg.scale)
+
+
+def _ties_thresholds(cfg: MergeConfig, name: str, info: TensorInfo, models: list[Checkpoint], base: Checkpoint,
+                     spans: list[tuple[int, int]]) -> list[float]:
+    """Each model's TIES magnitude threshold over the whole tensor, from one ``|theta_i - base|`` buffer filled by slices."""
+    numel = math.prod(info.shape)
     per_row = numel // info.shape[0]
-    step = max(1, CHUNK_ELEMENTS // per_row)
-    spans = [(r, min(r + step, info.shape[0])) for r in range(0, info.shape[0], step)]
-    thresholds = []
+    out = []
     for m in models:
         mag = torch.empty(numel, dtype=torch.float32)
         for r0, r1 in spans:
             mag[r0 * per_row:r1 * per_row] = m.load(name, (r0, r1)).sub_(base.load(name, (r0, r1))).abs_().view(-1)
-        thresholds.append(methods.magnitude_threshold(mag, cfg.density))
+        out.append(methods.magnitude_threshold(mag, cfg.density))
         del mag
-    weights = cfg.resolved_weights()
-
-    def pieces() -> Iterator[torch.Tensor]:
-        for span in spans:
-            b = base.load(name, span)
-            yield methods.ties_combine(b, [m.load(name, span).sub_(b) for m in models], weights, thresholds,
-                                       scale=cfg.scale)
-
-    return pieces()
+    return out
 
 
 def _release_freed_memory() -> None:
@@ -242,8 +257,8 @@ def _release_freed_memory() -> None:
 
 
 def _merge_one(cfg: MergeConfig, name: str, info: TensorInfo, models: list[Checkpoint],
-               base: Checkpoint | None) -> torch.Tensor:
-    """The merged value of tensor ``name``."""
+               base: Checkpoint | None, rows: tuple[int, int] | None = None) -> torch.Tensor:
+    """The merged value of tensor ``name`` (of its rows ``[r0, r1)`` when ``rows`` is given)."""
     if not DTYPES[info.dtype].is_floating_point:
         value = models[0].load(name)
         for m in models[1:] + ([base] if base else []):
@@ -253,11 +268,11 @@ def _merge_one(cfg: MergeConfig, name: str, info: TensorInfo, models: list[Check
         return value
 
     def load(i: int) -> torch.Tensor:
-        return models[i].load(name)
+        return models[i].load(name, rows)
 
     def load_base(_: int) -> torch.Tensor:
         assert base is not None
-        return base.load(name)
+        return base.load(name, rows)
 
     weights = cfg.resolved_weights()
     if cfg.method == "linear":
@@ -268,7 +283,8 @@ def _merge_one(cfg: MergeConfig, name: str, info: TensorInfo, models: list[Check
         return methods.task_arithmetic(load, load_base, weights)
     if cfg.method == "ties":
         return methods.ties(load, load_base, weights, density=cfg.density, scale=cfg.scale)
-    gen = torch.Generator().manual_seed((cfg.seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
+    first_row = 0 if rows is None else rows[0]  # each slice of a large tensor draws its own masks
+    gen = torch.Generator().manual_seed((cfg.seed * 1_000_003 + zlib.crc32(name.encode()) * 7919 + first_row) % 2**63)
     return methods.dare(load, load_base, weights, density=cfg.density, generator=gen)
 
 

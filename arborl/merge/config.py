@@ -35,7 +35,8 @@ class MergeConfig:
     scale: float = 1.0
     """ties: factor of the merged task vector (the paper's lambda)."""
     seed: int = 0
-    """dare: seed of the drop masks (each tensor's mask depends on the seed and the tensor's name only)."""
+    """dare: seed of the drop masks (a tensor's masks depend on the seed, the tensor's name and, for a tensor
+    merged in row slices, the slice only)."""
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:

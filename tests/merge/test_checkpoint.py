@@ -149,8 +149,8 @@ def test_a_reloaded_checkpoint_keeps_its_tokenizer(two, tmp_path):
     merge_checkpoints(MergeConfig(method="ties", models=[str(again), str(a)], base=str(a)), tmp_path / "m")
 
 
-def test_ties_in_row_slices_equals_ties_on_the_whole_tensor(tmp_path):
-    # a tensor above CHUNK_ELEMENTS is merged slice by slice; the thresholds are the whole tensor's
+def large_checkpoints(tmp_path: Path) -> tuple[list[torch.Tensor], list[str]]:
+    """Four checkpoints with a tensor above CHUNK_ELEMENTS (merged in row slices) and a small one."""
     gen = torch.Generator().manual_seed(0)
     shape = (700, 1000)
     assert shape[0] * shape[1] > CHUNK_ELEMENTS
@@ -162,8 +162,33 @@ def test_ties_in_row_slices_equals_ties_on_the_whole_tensor(tmp_path):
         save_file({"w": v, "small": v[:3, :3].clone()}, str(d / "model.safetensors"), metadata={"format": "pt"})
         (d / "config.json").write_text('{"model_type": "llama"}')
         dirs.append(str(d))
+    return values, dirs
+
+
+def test_ties_in_row_slices_equals_ties_on_the_whole_tensor(tmp_path):
+    values, dirs = large_checkpoints(tmp_path)
     cfg = MergeConfig(method="ties", models=dirs[1:], base=dirs[0], weights=[1.0, 0.5, 2.0], density=0.3, scale=0.8)
     out = weights(merge_checkpoints(cfg, tmp_path / "out"))
     whole = methods.ties(lambda i: values[i + 1].clone(), lambda _: values[0].clone(), [1.0, 0.5, 2.0], density=0.3,
                          scale=0.8)
     assert torch.equal(out["w"], whole)
+
+
+def test_sliced_linear_is_the_average_and_sliced_dare_is_reproducible(tmp_path):
+    values, dirs = large_checkpoints(tmp_path)
+    out = weights(merge_checkpoints(MergeConfig(models=dirs[1:]), tmp_path / "avg"))
+    torch.testing.assert_close(out["w"], (values[1] + values[2] + values[3]) / 3)
+
+    def dare(seed: int, where: str) -> torch.Tensor:
+        cfg = MergeConfig(method="dare", models=dirs[1:3], base=dirs[0], density=0.5, seed=seed)
+        return weights(merge_checkpoints(cfg, tmp_path / where))["w"]
+
+    first, again, other = dare(0, "d0"), dare(0, "d0b"), dare(1, "d1")
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    # every entry is base + sum of kept task-vector entries / density, each kept or dropped
+    taus = [(values[i] - values[0]) / 2 for i in (1, 2)]  # weights 1/2 each
+    options = [values[0] + a * taus[0] / 0.5 + b * taus[1] / 0.5 for a in (0, 1) for b in (0, 1)]
+    close = torch.stack([(first - o).abs() < 1e-4 for o in options]).any(0)
+    assert close.all()
+    kept_both = ((first - options[3]).abs() < 1e-4).float().mean().item()
+    assert 0.2 < kept_both < 0.3  # both kept with probability 0.25, in every slice alike

@@ -63,7 +63,7 @@ def peak_growth(cfg: dict, out: Path) -> int:
     return m["peak"] - m["before"]
 
 
-@pytest.mark.parametrize("method", ["linear", "slerp", "task_arithmetic", "ties"])
+@pytest.mark.parametrize("method", ["linear", "slerp", "task_arithmetic", "ties", "dare"])
 def test_two_model_merge_peak_is_under_two_largest_tensors(checkpoints, tmp_path, method):
     a, b, base = checkpoints
     total = sum(f.stat().st_size for f in (a / "model.safetensors", b / "model.safetensors"))
@@ -73,13 +73,3 @@ def test_two_model_merge_peak_is_under_two_largest_tensors(checkpoints, tmp_path
     grew = peak_growth(cfg, tmp_path / "m")
     print(f"{method}: peak grew {grew / MB:.1f} MB")
     assert grew < 2 * LARGEST + CONSTANT, f"{method}: peak grew {grew / MB:.1f} MB"
-
-
-def test_dare_peak_stays_under_its_inputs(checkpoints, tmp_path):
-    """DARE holds the base, the result, one task vector and its mask of the largest tensor (measured 90 MB)."""
-    method = "dare"
-    a, b, base = checkpoints
-    inputs = sum((c / "model.safetensors").stat().st_size for c in checkpoints)
-    grew = peak_growth({"method": method, "models": [str(a), str(b)], "base": str(base), "density": 0.5}, tmp_path / "m")
-    print(f"{method}: peak grew {grew / MB:.1f} MB")
-    assert grew < inputs * 0.75, f"{method}: peak grew {grew / MB:.1f} MB of {inputs / MB:.0f} MB of inputs"
