@@ -17,7 +17,7 @@ included, so the model learns what tool use and its results look like before it 
   ``Episode.to_json()`` per line, e.g. from another task's run).
 * The default source, ``store:midtrain-synth``, is a large, lower-quality set made by
   :func:`synthesize_noisy`: the env's expert, replaced with probability ``midtrain.synth_noise`` by a
-  random legal action, every episode kept; the env answers each action for real.
+  random action (:func:`noisy_expert`), every episode kept; the env answers each action for real.
 
 The learning-rate schedule is its own (``midtrain.lr``, ``warmup_steps``, ``steps``): linear warm-up
 then cosine decay to 10%, the shape SFT uses. The checkpoint goes to ``run_dir/policy/midtrain``;
@@ -156,21 +156,34 @@ def mixture(sources: list[list[list[int]]], weights: Sequence[float], n: int, ge
     return [sources[i][gen.randrange(len(sources[i]))] for i in picks]
 
 
-def synthesize_noisy(cfg: TrainConfig, make_env: Callable[[], Env], policy_path: Path, store) -> list[Episode]:
-    """The lower-quality mid-training set: a noisy expert, every episode kept, stored as :data:`NOISY_SOURCE`."""
-    rng = random.Random(cfg.seed + 17)
-    noise = cfg.midtrain.synth_noise
+def noisy_expert(noise: float, rng: random.Random) -> Callable[[Env], str]:
+    """An actor that takes the env's expert action, or with probability ``noise`` a random one.
+
+    The random action is the env's own ``random_action(rng)`` when it defines one (e.g. a tool env's
+    well-formed call with random arguments, which the env still executes for real), else a uniform
+    pick from its finite ``actions``; an env with neither always gets the expert's action.
+    """
 
     def act(env: Env) -> str:
-        legal = [str(a) for a in getattr(env, "actions", ())]
         expert = getattr(env, "expert_action", None)
-        if legal and (expert is None or rng.random() < noise):
-            return rng.choice(legal)  # a random action the env still answers for real
+        if expert is None or rng.random() < noise:
+            own = getattr(env, "random_action", None)
+            legal = [str(a) for a in getattr(env, "actions", ())]
+            if callable(own):
+                return str(own(rng))
+            if legal:
+                return rng.choice(legal)
         if expert is None:
-            raise ConfigError(f"{type(env).__name__} has neither expert_action() nor a finite actions list; the noisy "
-                              "synthesis needs one of them")
+            raise ConfigError(f"{type(env).__name__} has no expert_action(), random_action() or finite actions list; "
+                              "the noisy synthesis needs one of them")
         return expert()
 
+    return act
+
+
+def synthesize_noisy(cfg: TrainConfig, make_env: Callable[[], Env], policy_path: Path, store) -> list[Episode]:
+    """The lower-quality mid-training set: a noisy expert, every episode kept, stored as :data:`NOISY_SOURCE`."""
+    act = noisy_expert(cfg.midtrain.synth_noise, random.Random(cfg.seed + 17))
     return synthesize(cfg, make_env, policy_path, store, act=act, source=NOISY_SOURCE,
                       episodes=cfg.midtrain.synth_episodes, only_successful=False,
                       seed_start=cfg.env.train_seed_start + cfg.synth.episodes)

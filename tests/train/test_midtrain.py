@@ -132,3 +132,29 @@ def test_a_run_dir_with_a_midtrain_or_merge_policy_is_not_overwritten_silently(t
         assert rd.plan([stage, "eval"], rl_iterations=1, resume=True, overwrite=False).run == ["eval"]
         rd.plan([stage], rl_iterations=1, resume=False, overwrite=True)
         assert not (tmp_path / "policy" / stage).exists()
+
+
+def test_noisy_expert_mixes_random_actions_at_the_noise_rate():
+    from arborl.train.midtrain import noisy_expert
+
+    class Lake(FrozenLake):
+        def expert_action(self) -> str:
+            return "EXPERT"
+
+    class ToolLike(Lake):
+        actions = ()
+
+        def random_action(self, rng: random.Random) -> str:
+            return f"search[{rng.choice(['a', 'b'])}]"
+
+    env = Lake(size=4)
+    env.reset(seed=0)
+    act = noisy_expert(0.3, random.Random(0))
+    picks = [act(env) for _ in range(4000)]
+    share = sum(p != "EXPERT" for p in picks) / len(picks)
+    assert share == pytest.approx(0.3, abs=0.03)  # "EXPERT" is no legal action, so every random pick differs
+    assert set(picks) - {"EXPERT"} <= {str(a) for a in env.actions}
+    assert noisy_expert(0.0, random.Random(0))(env) == "EXPERT"
+    tool = ToolLike(size=4)
+    noisy = noisy_expert(1.0, random.Random(0))
+    assert {noisy(tool) for _ in range(50)} == {"search[a]", "search[b]"}  # the env's own random call wins
