@@ -1,7 +1,7 @@
 """The ``arborl`` command line: the one place where names in a config map to objects.
 
     arborl train CONFIG.toml [--set key=value ...] [--resume | --overwrite]   # synth -> sft -> rl -> eval
-    arborl synth|sft|rl CONFIG.toml [--set ...] [--resume | --overwrite]      # one stage
+    arborl synth|midtrain|sft|rl CONFIG.toml [--set ...] [--resume | --overwrite]      # one stage
     arborl eval CONFIG.toml [--set ...] [--checkpoint PATH]                   # evaluate, print the table
     arborl config show CONFIG.toml [--set ...]     # the resolved config, each key with default and help
     arborl config keys                             # every config key
@@ -9,6 +9,7 @@
     arborl store query|slice|profile|export|expire|show STORE_URL ...  # inspect a trajectory store
     arborl view STORE_URL [--run RUN_DIR ...]     # explore episodes, groups and runs in the browser
     arborl serve CHECKPOINT [--port N]             # OpenAI-compatible server over a checkpoint
+    arborl merge --method ties --out DIR CKPT1 CKPT2 [--base CKPT] [--weights ..] [--density ..]  # merge models
 
 Heavy modules (torch, transformers) are imported by the commands that need them, so ``--help``
 and ``--version`` answer at once. arborl's own errors (bad config, env, store, record, template,
@@ -239,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_ in (("train", "run the configured pipeline (synth -> sft -> rl -> eval)"),
                         ("synth", "synthesize expert trajectories into the store"),
+                        ("midtrain", "mid-training: continued pre-training on every token of packed trajectories"),
                         ("sft", "SFT cold start on stored trajectories"),
                         ("rl", "online RL from the SFT checkpoint (or the initial policy)"),
                         ("eval", "evaluate the run's SFT and RL checkpoints (or --checkpoint, or policy.init) "
@@ -272,6 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     from arborl.view.cli import add_view_command
 
     add_view_command(sub)
+    from arborl.merge.cli import add_merge_command
+
+    add_merge_command(sub)
     return p
 
 

@@ -10,10 +10,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from arborl.config import ConfigError
+from arborl.merge.config import MergeConfig
 from arborl.policy import ModelConfig
 from arborl.rollout import RolloutConfig
 
-STAGES = ("synth", "sft", "rl", "eval")
+STAGES = ("synth", "midtrain", "sft", "rl", "merge", "eval")
+DEFAULT_STAGES = ("synth", "sft", "rl", "eval")
+"""What a run does when its config names no ``stages`` (mid-training and merging are opt-in)."""
 LOGGERS = ("tensorboard", "wandb", "mlflow")
 
 
@@ -139,6 +142,48 @@ class SFTConfig:
         _check_positive(self, "steps", "batch_size", "lr", "grad_clip")
         if self.warmup_steps < 0 or self.eval_every < 0 or self.weight_decay < 0:
             raise ValueError("sft.warmup_steps, sft.eval_every and sft.weight_decay must be >= 0")
+
+
+@dataclass(frozen=True)
+class MidtrainConfig:
+    """Mid-training: continued pre-training on every token of packed trajectories (arborl.train.midtrain)."""
+
+    steps: int = 200
+    """Optimizer steps."""
+    seq_len: int = 1024
+    """Tokens per packed row; documents are packed back to back, never attending across each other."""
+    batch_size: int = 8
+    """Packed rows per step (about: each step draws the documents that fill this many rows on average)."""
+    lr: float = 1e-3
+    """Peak learning rate of mid-training's own schedule (AdamW, linear warm-up, cosine decay to 10%)."""
+    warmup_steps: int = 20
+    """Steps of linear warm-up from 0 to ``lr``."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm of every step to this value."""
+    data: list[str] = field(default_factory=lambda: ["store:midtrain-synth"])
+    """Sources of documents: ``store:TAG`` (the run store's episodes with that source tag, e.g.
+    ``store:midtrain-synth`` or ``store:synth``) or a JSONL file of episodes (one ``Episode.to_json()``
+    a line, e.g. another tool task's)."""
+    weights: list[float] = field(default_factory=list)
+    """Mixture weight of each ``data`` source ([]: equal)."""
+    synth_episodes: int = 2000
+    """Episodes of the noisy synthesis (``store:midtrain-synth``), made when the store has none."""
+    synth_noise: float = 0.3
+    """Noisy synthesis: probability that a step takes a random legal action instead of the expert's."""
+
+    def __post_init__(self) -> None:
+        _check_positive(self, "steps", "seq_len", "batch_size", "lr", "grad_clip", "synth_episodes")
+        if self.warmup_steps < 0 or self.weight_decay < 0:
+            raise ValueError("midtrain.warmup_steps and midtrain.weight_decay must be >= 0")
+        if not self.data:
+            raise ConfigError("midtrain.data is empty; name a source, e.g. [\"store:midtrain-synth\"]")
+        if self.weights and (len(self.weights) != len(self.data) or min(self.weights) < 0 or sum(self.weights) <= 0):
+            raise ConfigError(f"midtrain.weights {self.weights} must give one non-negative weight per midtrain.data "
+                              f"source ({len(self.data)}), not all 0")
+        if not 0 <= self.synth_noise <= 1:
+            raise ConfigError(f"midtrain.synth_noise = {self.synth_noise} is outside [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -379,7 +424,7 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """A whole run: ``synth -> sft -> rl -> eval`` (any subset, in this order)."""
+    """A whole run: ``synth -> midtrain -> sft -> rl -> merge -> eval`` (any subset, in this order)."""
 
     run_dir: str = "runs/default"
     """Where checkpoints, metrics, the store, summary.json and plots go."""
@@ -387,8 +432,8 @@ class TrainConfig:
     """Seed of every random stream (model init, tokenizer corpus, sampling, task draws, minibatch order)."""
     threads: int = 2
     """torch intra-op threads."""
-    stages: list[str] = field(default_factory=lambda: list(STAGES))
-    """Stages to run, a subset of ``synth, sft, rl, eval`` (always run in that order)."""
+    stages: list[str] = field(default_factory=lambda: list(DEFAULT_STAGES))
+    """Stages to run, a subset of ``synth, midtrain, sft, rl, merge, eval`` (always run in that order)."""
     store: str = ""
     """Trajectory store URL; default ``sqlite:///<run_dir>/trajectories.db``."""
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
@@ -403,12 +448,16 @@ class TrainConfig:
     """Episode budgets and token sampling, shared by synth, RL and evaluation."""
     synth: SynthConfig = field(default_factory=SynthConfig)
     """Expert demonstrations."""
+    midtrain: MidtrainConfig = field(default_factory=MidtrainConfig)
+    """Mid-training on packed whole trajectories (stage ``midtrain``)."""
     sft: SFTConfig = field(default_factory=SFTConfig)
     """Supervised cold start."""
     rl: RLConfig = field(default_factory=RLConfig)
     """Online RL."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Held-out evaluation."""
+    merge: MergeConfig = field(default_factory=MergeConfig)
+    """Model merging of the run's policies or other checkpoints (stage ``merge``)."""
 
     def __post_init__(self) -> None:
         bad = [s for s in self.stages if s not in STAGES]

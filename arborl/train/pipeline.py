@@ -1,10 +1,10 @@
-"""The configured pipeline, ``synth -> sft -> rl -> eval``, and its outputs: summary table, summary.json, plot.
+"""The configured pipeline, ``synth -> midtrain -> sft -> rl -> merge -> eval``, and its outputs: summary table, summary.json, plot.
 
 ``summary.json`` keys (documented in the README):
 
-* ``sft`` / ``rl``: ``{"success", "reward", "turns", "invalid_frac"}`` of greedy evaluation on
+* ``midtrain`` / ``sft`` / ``rl`` / ``merge``: ``{"success", "reward", "turns", "invalid_frac"}`` of greedy evaluation on
   ``eval.episodes`` held-out tasks, for the SFT checkpoint and the final RL checkpoint (absent when
-  the stage did not run).
+  the stage did not run). ``midtrain_tokens`` / ``midtrain_documents``: what mid-training trained on.
 * ``init`` / ``checkpoint`` (with ``init_path`` / ``checkpoint_path``): the same, for the initial policy
   (``arborl eval`` in a run without SFT or RL checkpoints) or the ``--checkpoint`` evaluated.
 * ``rl_gain``: ``rl.success - sft.success`` (absent unless both ran).
@@ -31,6 +31,7 @@ import torch
 
 from arborl.config import ConfigError, to_dict
 from arborl.env import Env, check_env
+from arborl.merge.checkpoint import merge_checkpoints
 from arborl.policy import load_policy
 from arborl.store import open_store
 from arborl.store.url import redact
@@ -38,6 +39,7 @@ from arborl.train.common import env_factory, seed_everything
 from arborl.train.config import TrainConfig
 from arborl.train.interrupt import Interrupted
 from arborl.train.loggers import Metrics, check_loggers
+from arborl.train.midtrain import train_midtrain
 from arborl.train.plot import plot_learning_curve
 from arborl.train.profile import profile_summary
 from arborl.train.rl import CreditFn, train_rl
@@ -149,13 +151,19 @@ def _run_stages(cfg: TrainConfig, plan: Plan, rd: RunDir, make_env, store, metri
             if stage == "synth":
                 episodes = synthesize(cfg, make_env, init, store)
                 rd.mark_finished("synth", {"synth_episodes": len(episodes)})
+            elif stage == "midtrain":
+                _, stats = train_midtrain(cfg, make_env, init, store, metrics)
+                summary.update(stats)
+                rd.mark_finished("midtrain", stats)
             elif stage == "sft":
-                _, stats = train_sft(cfg, make_env, init, store, metrics)
+                _, stats = train_sft(cfg, make_env, latest_policy(cfg, ("midtrain",), init), store, metrics)
                 summary.update(stats)
                 rd.mark_finished("sft", stats)
+            elif stage == "merge":
+                merge_checkpoints(cfg.merge, policy_dir(cfg, "merge"), run_dir=cfg.run_dir)
+                rd.mark_finished("merge")
             elif stage == "rl":
-                sft_path = policy_dir(cfg, "sft")
-                start = sft_path if (sft_path / "config.json").exists() else init
+                start = latest_policy(cfg, ("sft", "midtrain"), init)
                 estimator, build_model = credit
                 model = build_model(cfg, *load_policy(start)) if build_model is not None else None
                 train_rl(cfg, make_env, start, store, metrics, estimator, resume_from=plan.resume_from,
@@ -167,11 +175,20 @@ def _run_stages(cfg: TrainConfig, plan: Plan, rd: RunDir, make_env, store, metri
         summary["stage_s"][stage] = time.time() - ts
 
 
+def latest_policy(cfg: TrainConfig, names: tuple[str, ...], default: Path) -> Path:
+    """The first of the run's ``names`` policies that exists (e.g. ``sft`` then ``midtrain``), else ``default``."""
+    for name in names:
+        if (policy_dir(cfg, name) / "config.json").exists():
+            return policy_dir(cfg, name)
+    return default
+
+
 def _progress_fn(console) -> Callable[[str], None]:
     return (lambda msg: console.print(msg, soft_wrap=True, highlight=False)) if console is not None else (lambda msg: None)
 
 
-EVAL_LABELS = {"checkpoint": "checkpoint", "init": "initial policy", "sft": "after SFT", "rl": "after RL"}
+EVAL_LABELS = {"checkpoint": "checkpoint", "init": "initial policy", "midtrain": "after mid-training",
+               "sft": "after SFT", "rl": "after RL", "merge": "merged"}
 """Keys of summary.json that hold an evaluation, and their column titles."""
 
 
@@ -179,7 +196,8 @@ def _eval_targets(cfg: TrainConfig, checkpoint: str | None) -> list[tuple[str, P
     """What the eval stage evaluates: ``checkpoint``; else the run's SFT and RL policies; else the initial one."""
     if checkpoint is not None:
         return [("checkpoint", Path(checkpoint))]
-    found = [(name, policy_dir(cfg, name)) for name in ("sft", "rl") if (policy_dir(cfg, name) / "config.json").exists()]
+    found = [(name, policy_dir(cfg, name)) for name in ("midtrain", "sft", "rl", "merge")
+             if (policy_dir(cfg, name) / "config.json").exists()]
     if found:
         return found
     if cfg.policy.init != "scratch":

@@ -24,7 +24,9 @@ STATE_FILE = "run_state.json"
 
 STAGE_OUTPUTS = {
     "synth": ("trajectories.db", "trajectories.db.blobs", "trajectories.db-wal", "trajectories.db-shm"),
+    "midtrain": ("policy/midtrain",),
     "sft": ("policy/sft",),
+    "merge": ("policy/merge",),
     "rl": ("checkpoints", "policy/rl", "advantages.jsonl"),
 }
 """Files and folders in ``run_dir`` that each stage writes (the store file only when it is the default)."""
@@ -96,11 +98,12 @@ class RunDir:
 
     def started(self) -> set[str]:
         """Stages that left outputs here (finished or not); ``eval`` never counts."""
-        out = set(self.finished()) | (self._metric_stages() & {"sft", "rl"})
+        out = set(self.finished()) | (self._metric_stages() & {"midtrain", "sft", "rl"})
         if latest_checkpoint(self.path) is not None or (self.path / "policy" / "rl").exists():
             out.add("rl")
-        if (self.path / "policy" / "sft").exists():
-            out.add("sft")
+        for stage in ("midtrain", "sft", "merge"):
+            if (self.path / "policy" / stage).exists():
+                out.add(stage)
         return out
 
     def remove(self, stages: list[str], *, whole_run: bool) -> None:
@@ -155,7 +158,7 @@ class RunDir:
         plan = Plan(run=[], state=finished)
         for s in stages:
             ckpt = latest_checkpoint(self.path) if s == "rl" else None
-            if s in finished and s in ("synth", "sft"):
+            if s in finished and s in ("synth", "midtrain", "sft", "merge"):
                 plan.skipped[s] = "finished earlier"
             elif ckpt is not None and checkpoint_iteration(ckpt) >= rl_iterations:
                 plan.skipped[s] = f"finished earlier ({ckpt} is iteration {checkpoint_iteration(ckpt)})"

@@ -100,8 +100,15 @@ def specs_for(
     ]
 
 
-def synthesize(cfg: TrainConfig, make_env: Callable[[], Env], policy_path: Path, store) -> list[Episode]:
-    """Expert episodes rendered through the policy's chat template, stored with source="synth"."""
+def synthesize(cfg: TrainConfig, make_env: Callable[[], Env], policy_path: Path, store, *,
+               act: Callable[[Env], str] | None = None, source: str = "synth", episodes: int | None = None,
+               only_successful: bool | None = None, seed_start: int | None = None) -> list[Episode]:
+    """Expert episodes rendered through the policy's chat template, stored with ``source`` ("synth").
+
+    ``act`` replaces the env's expert (the mid-training set uses a noisy one); ``episodes``,
+    ``only_successful`` and ``seed_start`` default to ``synth.episodes``, ``synth.only_successful``
+    and ``env.train_seed_start``.
+    """
     _, tok = load_policy(policy_path)
     renderer = ChatRenderer(tok, cfg.policy.system_prompt or None)
 
@@ -114,22 +121,23 @@ def synthesize(cfg: TrainConfig, make_env: Callable[[], Env], policy_path: Path,
     env = make_env()
     task_type = task_type_of(env)
     env.close()
-    seeds = [cfg.env.train_seed_start + k for k in range(cfg.synth.episodes)]
-    specs = specs_for(cfg, task_type, seeds, group_prefix="synth")
+    first = cfg.env.train_seed_start if seed_start is None else seed_start
+    seeds = [first + k for k in range(cfg.synth.episodes if episodes is None else episodes)]
+    specs = specs_for(cfg, task_type, seeds, group_prefix=source)
     gen = torch.Generator().manual_seed(cfg.seed)
-    episodes: list[Episode] = []
     shown: dict[str, float] = {}
     size = cfg.rollout.batch_size  # one engine batch per bar step; the scripted expert draws no random numbers
     chunks = [specs[i:i + size] for i in range(0, len(specs), size)]
-    for chunk in progress(chunks, "synth", status=shown):
-        episodes += run_episodes(ScriptedPolicy(expert, renderer), make_env, chunk, cfg.rollout, generator=gen,
-                                 policy_version=0, iteration=-1, source="synth")
-        shown.update(episodes=len(episodes), success=sum(1.0 for e in episodes if e.success) / len(episodes),
-                     reward=sum(float(e.rewards.get("return") or 0.0) for e in episodes) / len(episodes))
-    if cfg.synth.only_successful:
-        episodes = [e for e in episodes if e.success]
-    store.put_many(episodes)
-    return episodes
+    out: list[Episode] = []
+    for chunk in progress(chunks, source, status=shown):
+        out += run_episodes(ScriptedPolicy(act or expert, renderer), make_env, chunk, cfg.rollout, generator=gen,
+                            policy_version=0, iteration=-1, source=source)
+        shown.update(episodes=len(out), success=sum(1.0 for e in out if e.success) / len(out),
+                     reward=sum(float(e.rewards.get("return") or 0.0) for e in out) / len(out))
+    if cfg.synth.only_successful if only_successful is None else only_successful:
+        out = [e for e in out if e.success]
+    store.put_many(out)
+    return out
 
 
 def evaluate(
