@@ -27,9 +27,10 @@ threat-model table; ``process`` is left out (it sees the host tree). One sandbox
 shared by every env of the process (:func:`arborl.tools.services.shared_service`), since env
 steps run concurrently on ``rollout.env_workers`` threads and a sandbox serves concurrent runs.
 
-**Oracle** (the expert ``synth`` replays): for a synthesis problem, run the reference solution on
-the visible tests, then submit it; for a bug-fix problem, first run the given buggy code (the
-failing test shows), then the fix, then submit the fix.
+**Oracle** (the expert ``synth`` replays): submit the reference solution once a run passed every
+visible test, else run it; on a bug-fix problem it first runs the given buggy code (the failing
+test shows), then the fix, then submits the fix. It reads the episode so far, so it also finishes
+an episode another policy began (a failed or timed-out run is followed by the passing one).
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ def shared_sandbox(backend: str, wall_s: float) -> Sandbox:
 def harness(code: str, tests: Sequence[TestCase], *, load: bool = True) -> str:
     """The sandbox program that runs ``code`` and then ``tests`` on it (see :class:`VisibleTestRunner`)."""
     rows = [(t.call, t.expected, t.stdin, t.expected_stdout) for t in tests]
-    code = textwrap.dedent(code.strip("\n"))  # a call's code often starts with a space or a newline
+    code = normalize_code(code)
     return _HARNESS.format(code=code, load=load, tests=rows, n=len(rows))
 
 
@@ -155,6 +156,12 @@ class VisibleTestRunner:
         return format_result(res, wall_s=sb.limits.wall_s)
 
 
+def normalize_code(code: str) -> str:
+    """Code without the indent of a call's or answer's framing (``" def f ( x ) : ..."``, a block indented as a whole)."""
+    code = textwrap.dedent(code.strip("\n"))
+    return code.lstrip(" \t") if code[:1] in (" ", "\t") else code  # a first line indented more than the rest
+
+
 def run_passed(result: str) -> bool:
     """Whether a ``python`` result reports every visible test passed (no status line: a failed run)."""
     found = _STATUS.findall(result)
@@ -162,10 +169,10 @@ def run_passed(result: str) -> bool:
 
 
 def strip_fences(answer: str) -> str:
-    """The code of an answer, without a surrounding Markdown code fence."""
+    """The code of an answer, without a surrounding Markdown code fence (and normalised as :func:`normalize_code`)."""
     text = answer.strip()
     m = re.fullmatch(r"```[a-zA-Z0-9]*\s*\n?(.*?)\n?```", text, re.S)
-    return m.group(1) if m else text
+    return normalize_code(m.group(1) if m else text)
 
 
 def python_call(code: str) -> str:
@@ -226,10 +233,11 @@ class CodeTasks:
         pr = self.get()
         if not pr.solution:
             raise ConfigError(f"problem {pr.id!r} has no 'solution'; the oracle needs one for synth")
-        plan = ([pr.buggy_code] if pr.kind == "bugfix" else []) + [pr.solution]
-        if env.steps < len(plan):
-            return python_call(plan[env.steps])
-        return f"<answer> {pr.solution} </answer>"
+        runs = [result for name, _, result in env.calls if name == "python"]
+        if runs and run_passed(runs[-1]):
+            return f"<answer> {pr.solution} </answer>"
+        first_look = pr.kind == "bugfix" and not runs  # a bug report: run the given code, see the failure
+        return python_call(pr.buggy_code if first_look else pr.solution)
 
 
 @functools.lru_cache(maxsize=8)
