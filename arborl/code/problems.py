@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from arborl.tools.python_tool import TestCase
@@ -63,7 +63,6 @@ class Problem:
     buggy_code: str = ""
     split: str = "train"
     key: str = ""
-    metadata: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
