@@ -71,3 +71,13 @@ def test_not_json_and_missing_file(tmp_path):
         read_jsonl(path)
     with pytest.raises(SchemaError, match="does not exist"):
         read_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_the_data_command_writes_both_splits(tmp_path):
+    from arborl.code.data import main
+
+    main([str(tmp_path), "--n", "8"])
+    train, test = read_jsonl(tmp_path / "train.jsonl"), read_jsonl(tmp_path / "test.jsonl")
+    assert len(train) == 8 and len(test) == 2
+    assert {p.split for p in train} == {"train"} and {p.split for p in test} == {"test"}
+    assert train[0].solution == generate_problem(0).solution
