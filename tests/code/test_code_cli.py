@@ -4,28 +4,21 @@ from __future__ import annotations
 
 import json
 
-from tests.e2e.clikit import arborl, cli_env
+from tests.e2e.clikit import TINY, arborl, cli_env, sets
 
-TINY = [
-    "synth.episodes=24", "sft.steps=3", "sft.batch_size=4", "rl.iterations=2", "rl.tasks_per_iter=2",
-    "rl.group_size=2", "rl.minibatch_size=4", "eval.episodes=6", "eval.probe_episodes=2",
-    "policy.tokenizer_episodes=10", "policy.model.hidden_size=32", "policy.model.intermediate_size=64",
-    "policy.model.num_heads=2", "policy.model.num_kv_heads=2", "threads=1", "rollout.env_workers=4",
-]
 METRICS = ("pass_rate", "tool_calls", "fixed_failing", "sandbox_timeouts", "submitted")
 
 
 def test_code_agent_recipe_end_to_end(tmp_path):
     run = tmp_path / "run"
-    args = ["train", "examples/code_agent.toml", "--set", f'run_dir="{run}"']
-    for kv in TINY:
-        args += ["--set", kv]
-    arborl(*args, env=cli_env())
+    arborl("train", "examples/code_agent.toml", *sets(run, ["rollout.env_workers=4"]), env=cli_env())
+    budget = dict(kv.split("=") for kv in TINY)
+    n_eval, n_demos = int(budget["eval.episodes"]), int(budget["synth.episodes"])
     summary = json.loads((run / "summary.json").read_text())
     for stage in ("sft", "rl"):
         figures = summary[stage]
         assert 0.0 <= figures["success"] <= figures["submitted"] <= 1.0
-        assert all(figures[f"{m}_n"] == 6 for m in METRICS)  # every evaluated episode reports them
+        assert all(figures[f"{m}_n"] == n_eval for m in METRICS)  # every evaluated episode reports them
         assert 0.0 <= figures["pass_rate"] <= 1.0 and figures["tool_calls"] >= 0
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert any("tools/time_share" in r or "train/tools/time_share" in r for r in rows)
@@ -35,7 +28,7 @@ def test_code_agent_recipe_end_to_end(tmp_path):
     with open_store(f"sqlite:///{run}/trajectories.db") as store:
         demos = list(store.iter_episodes(source="synth"))
         evals = list(store.iter_episodes(source="eval-rl"))
-    assert len(demos) == 24 and all(e.success for e in demos)  # the oracle solves every problem
-    assert len(evals) == 6 and all(e.seed >= 1_000_000_000 for e in evals)
+    assert len(demos) == n_demos and all(e.success for e in demos)  # the oracle solves every problem
+    assert len(evals) == n_eval and all(e.seed >= 1_000_000_000 for e in evals)
     fixes = [e for e in demos if e.path()[-1].info["metrics"]["fixed_failing"] == 1.0]
     assert fixes and all(len(e.path()) == 3 and e.path()[0].tool_call.name == "python" for e in fixes)
