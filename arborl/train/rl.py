@@ -81,7 +81,8 @@ def _update(model, opt, cfg: TrainConfig, batch: TokenBatch, adv: Tensor, ref_lo
             mb = chunks[c]
             sub = batch.select(mb)
             w = sub.input_ids.shape[1]
-            logp, ent = token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, temperature=temp)
+            logp, ent = token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, temperature=temp,
+                                                   positions=sub.loss_mask, entropy_grad=rc.entropy_coef != 0)
             out = ppo_clip_loss(
                 logp, sub.old_logp, adv[mb, :w], sub.loss_mask,
                 clip_low=rc.clip_low, clip_high=rc.clip_high, clip_c=rc.clip_c, agg=rc.loss_agg,
@@ -108,7 +109,7 @@ def _ref_logprobs(ref, batch: TokenBatch, chunk: int, temperature: float) -> Ten
     for rows in length_chunks(batch, chunk):
         sub = batch.select(rows)
         out[rows, : sub.input_ids.shape[1]] = token_logprobs(ref, sub.input_ids, sub.attention_mask,
-                                                             temperature=temperature)
+                                                             temperature=temperature, positions=sub.loss_mask)
     return out
 
 

@@ -57,7 +57,7 @@ def train_sft(
         idx = torch.randint(len(demos), (sc.batch_size,), generator=gen).tolist()
         seen.update(idx)
         batch = collate([demos[i] for i in idx], pad_id=pad)
-        logp = token_logprobs(model, batch.input_ids, batch.attention_mask)
+        logp = token_logprobs(model, batch.input_ids, batch.attention_mask, positions=batch.loss_mask)
         out_loss = sft_loss(logp, batch.loss_mask)
         opt.zero_grad(set_to_none=True)
         out_loss.loss.backward()
