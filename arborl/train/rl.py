@@ -57,6 +57,7 @@ from arborl.train.common import (
 )
 from arborl.train.config import RLConfig, TrainConfig
 from arborl.train.credit_models import CreditContext, CreditModel
+from arborl.train.embeddings import freeze_embeddings
 from arborl.train.interrupt import Interrupted, StopRequest
 from arborl.train.loggers import Metrics
 from arborl.train.profile import PhaseTimer, torch_threads
@@ -153,7 +154,8 @@ def _learner(cfg: TrainConfig, start_path: Path, resume_from: Path | None, env_s
     model, tok = load_policy(start_path)
     model.eval()  # no dropout: behaviour and training log-probs must match
     ref = load_policy(start_path)[0].eval().requires_grad_(False) if rc.kl_coef > 0 else None
-    opt = torch.optim.AdamW(model.parameters(), lr=rc.lr, weight_decay=rc.weight_decay, betas=(0.9, 0.99))
+    opt = torch.optim.AdamW(freeze_embeddings(model, cfg.policy.frozen_embeddings), lr=rc.lr,
+                            weight_decay=rc.weight_decay, betas=(0.9, 0.99))
     lrn = _Learner(model, tok, ref, opt, torch.Generator().manual_seed(cfg.seed + 2),
                    torch.Generator().manual_seed(cfg.seed + 3), {"env_steps": env_steps_before, "tokens": 0},
                    credit_model)
