@@ -7,6 +7,16 @@ the rollout sampled with (``1.0`` for greedy rollouts) to reproduce behaviour lo
 
 Positions are counted over real tokens only (``cumsum(attention_mask) - 1``), so left- and
 right-padded batches give the same numbers as unpadded sequences.
+
+Selective positions (``positions=``): the trainer needs log-probs only on trained tokens (the
+loss mask: model-written tokens, ~15 % of an agent episode, whose prompt and tool results are
+never trained on), yet a plain forward pass projects every position onto the whole vocabulary.
+With ``positions`` the model body runs once, the final hidden states are gathered at the
+predecessors of the wanted tokens, and the output layer is applied there only: ``(N, V)``
+logits instead of ``(B, T, V)``. The numbers equal the full path's (same matmuls on the same
+rows; ``tests/policy/test_logprobs_selective.py`` checks it on arborl's and other HF models).
+A model whose forward does more than ``lm_head(body(x))`` (final logit soft-capping or
+scaling, or no separable body) is run the full way.
 """
 
 from __future__ import annotations
@@ -14,27 +24,12 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+# Config fields that make a model's logits more than ``lm_head(hidden)`` (Gemma-2 soft-capping,
+# Cohere's logit_scale, Granite's logits_scaling): such models take the full path.
+_LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
-def token_logprobs_and_entropy(
-    model: PreTrainedModel,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None = None,
-    *,
-    temperature: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-prob of each token given the tokens before it, and the entropy of that prediction.
 
-    Args:
-        model: A causal LM (gradients flow unless the caller disables them).
-        input_ids: ``(B, T)`` token ids.
-        attention_mask: ``(B, T)``, 1 for real tokens and 0 for padding (default: all ones).
-        temperature: Logits are divided by it before the softmax (must be > 0).
-
-    Returns:
-        ``(logprobs, entropy)``, both ``(B, T)`` float32: ``logprobs[b, t]`` is
-        ``log p(input_ids[b, t] | input_ids[b, :t])``, ``entropy[b, t]`` the entropy of that
-        predictive distribution; position 0 and padding positions are 0.
-    """
+def _check(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, temperature: float) -> torch.Tensor:
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be (B, T), got shape {tuple(input_ids.shape)}")
     if not temperature > 0:
@@ -45,17 +40,106 @@ def token_logprobs_and_entropy(
         raise ValueError(
             f"attention_mask shape {tuple(attention_mask.shape)} differs from input_ids {tuple(input_ids.shape)}"
         )
-    mask = attention_mask.long()
-    position_ids = (mask.cumsum(-1) - 1).clamp_min(0)  # (B, T)
+    return attention_mask.long()
+
+
+def _body_and_head(model) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """The model's body (hidden states) and output layer, when its logits are exactly ``head(body)``."""
+    if not isinstance(model, PreTrainedModel):
+        return None
+    body, head = model.base_model, model.get_output_embeddings()
+    if body is model or head is None:
+        return None
+    cfg = model.config
+    if any(getattr(cfg, name, None) not in (None, 1, 1.0) for name in _LOGIT_POSTPROCESSING):
+        return None
+    return body, head
+
+
+def _entropy(logp_all: torch.Tensor, mode: str) -> torch.Tensor | None:
+    """Entropy of each row's distribution: with gradients (``grad``), detached, or not at all (``none``)."""
+    if mode == "none":
+        return None
+    with torch.set_grad_enabled(mode == "grad" and torch.is_grad_enabled()):
+        return -(logp_all.exp() * logp_all).sum(-1)
+
+
+def _full(model, input_ids, mask, position_ids, temperature, entropy):
+    """Every position's logits: ``(B, T)`` log-probs and entropies (or None)."""
     out = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False)
     logits = out.logits[:, :-1].float() / temperature  # (B, T-1, V): predicts tokens 1..T-1
     logp_all = torch.log_softmax(logits, dim=-1)  # (B, T-1, V)
     picked = logp_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # (B, T-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)  # (B, T-1)
+    ent = _entropy(logp_all, entropy)  # (B, T-1)
     # A token's prediction counts only if both it and its predecessor are real tokens.
     valid = (mask[:, 1:] * mask[:, :-1]).to(picked.dtype)
     zeros = picked.new_zeros(picked.shape[0], 1)
-    return torch.cat([zeros, picked * valid], dim=1), torch.cat([zeros, entropy * valid], dim=1)
+    return (torch.cat([zeros, picked * valid], dim=1),
+            None if ent is None else torch.cat([zeros, ent * valid], dim=1))
+
+
+def _selective(body, head, input_ids, mask, position_ids, temperature, entropy, positions):
+    """Logits at the predecessors of ``positions`` only; zeros elsewhere."""
+    want = positions.bool().clone()
+    want[:, 0] = False
+    want[:, 1:] &= (mask[:, 1:] * mask[:, :-1]).bool()
+    hidden = body(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False)[0]  # (B, T, H)
+    rows, cols = want.nonzero(as_tuple=True)  # N wanted tokens
+    logits = head(hidden[rows, cols - 1]).float() / temperature  # (N, V)
+    logp_all = torch.log_softmax(logits, dim=-1)
+    picked = logp_all.gather(-1, input_ids[rows, cols].unsqueeze(-1)).squeeze(-1)  # (N,)
+    ent = _entropy(logp_all, entropy)
+
+    def scatter(values: torch.Tensor) -> torch.Tensor:
+        return values.new_zeros(input_ids.shape).index_put((rows, cols), values)
+
+    return scatter(picked), None if ent is None else scatter(ent)
+
+
+def _logprobs(model, input_ids, attention_mask, temperature, positions, entropy):
+    mask = _check(input_ids, attention_mask, temperature)
+    position_ids = (mask.cumsum(-1) - 1).clamp_min(0)  # (B, T)
+    if positions is None:
+        return _full(model, input_ids, mask, position_ids, temperature, entropy)
+    if positions.shape != input_ids.shape:
+        raise ValueError(f"positions shape {tuple(positions.shape)} differs from input_ids {tuple(input_ids.shape)}")
+    parts = _body_and_head(model)
+    if parts is not None:
+        return _selective(*parts, input_ids, mask, position_ids, temperature, entropy, positions)
+    logp, ent = _full(model, input_ids, mask, position_ids, temperature, entropy)
+    keep = positions.to(logp.dtype)
+    return logp * keep, None if ent is None else ent * keep
+
+
+def token_logprobs_and_entropy(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    positions: torch.Tensor | None = None,
+    entropy_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of each token given the tokens before it, and the entropy of that prediction.
+
+    Args:
+        model: A causal LM (gradients flow unless the caller disables them).
+        input_ids: ``(B, T)`` token ids.
+        attention_mask: ``(B, T)``, 1 for real tokens and 0 for padding (default: all ones).
+        temperature: Logits are divided by it before the softmax (must be > 0).
+        positions: ``(B, T)`` bool/0-1 mask of the tokens whose log-prob is wanted (e.g. the
+            loss mask); the others get 0 and cost no output-layer work. ``None``: every token.
+        entropy_grad: When False the entropy is a detached diagnostic (no full-vocabulary
+            softmax enters the autograd graph); pass ``entropy_coef != 0``.
+
+    Returns:
+        ``(logprobs, entropy)``, both ``(B, T)`` float32: ``logprobs[b, t]`` is
+        ``log p(input_ids[b, t] | input_ids[b, :t])``, ``entropy[b, t]`` the entropy of that
+        predictive distribution; position 0, padding positions and positions not wanted are 0.
+    """
+    logp, ent = _logprobs(model, input_ids, attention_mask, temperature, positions,
+                          "grad" if entropy_grad else "detached")
+    return logp, ent
 
 
 def token_logprobs(
@@ -64,6 +148,10 @@ def token_logprobs(
     attention_mask: torch.Tensor | None = None,
     *,
     temperature: float = 1.0,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``(B, T)`` log-prob of each token given the tokens before it (see :func:`token_logprobs_and_entropy`)."""
-    return token_logprobs_and_entropy(model, input_ids, attention_mask, temperature=temperature)[0]
+    """``(B, T)`` log-prob of each token given the tokens before it (see :func:`token_logprobs_and_entropy`).
+
+    Entropy is not computed.
+    """
+    return _logprobs(model, input_ids, attention_mask, temperature, positions, "none")[0]

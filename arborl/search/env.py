@@ -52,7 +52,7 @@ from arborl.tools.services import shared_service
 
 
 @functools.lru_cache(maxsize=4)
-def load_dataset(corpus: str = "", qa: str = "", seed: int = 0, test_frac: float = 0.2
+def load_dataset(corpus: str = "", qa: str = "", seed: int = 0, test_frac: float = 0.2, n_questions: int = 3000
                  ) -> tuple[tuple[Passage, ...], tuple[Question, ...], tuple[Question, ...]]:
     """``(passages, train questions, test questions)``, read from files or generated (cached per process).
 
@@ -65,7 +65,7 @@ def load_dataset(corpus: str = "", qa: str = "", seed: int = 0, test_frac: float
     if corpus:
         passages, questions = read_corpus(corpus), read_qa(qa)
     else:
-        passages, questions = generate(CorpusConfig(seed=seed, test_frac=test_frac))
+        passages, questions = generate(CorpusConfig(seed=seed, test_frac=test_frac, n_questions=n_questions))
     validate_gold(questions)
     test = [q for q in questions if (q.split == "test" if q.split else held_out(q.id, test_frac))]
     test_ids = {q.id for q in test}
@@ -77,8 +77,8 @@ def load_dataset(corpus: str = "", qa: str = "", seed: int = 0, test_frac: float
 
 
 @functools.lru_cache(maxsize=4)
-def _vocabulary(corpus: str, qa: str, seed: int, test_frac: float) -> tuple[str, ...]:
-    passages, train, test = load_dataset(corpus, qa, seed, test_frac)
+def _vocabulary(corpus: str, qa: str, seed: int, test_frac: float, n_questions: int) -> tuple[str, ...]:
+    passages, train, test = load_dataset(corpus, qa, seed, test_frac, n_questions)
     words: dict[str, None] = {}
     framing = 'Doc 1(Title: "") 2 3 4 5 6 7 8 9 10 No passage matches the query. <answer> </answer> <search> </search>'
     for text in [framing] + [p.contents for p in passages] + [q.question for q in train + test] + [
@@ -147,6 +147,7 @@ def search_r1_env(
     qa: str = "",
     corpus_seed: int = 0,
     test_frac: float = 0.2,
+    n_questions: int = 3000,
     url: str = "",
     method: str = "bm25",
     topk: int = 3,
@@ -168,6 +169,9 @@ def search_r1_env(
         qa: QA JSONL (``question``, ``golden_answers``; arborl's optional fields).
         corpus_seed: Seed of the generated set.
         test_frac: Held-out fraction (generated set; QA files without ``split``).
+        n_questions: Questions of the generated set (the first 3,000 are the same for any larger
+            number: the draw goes on). More questions = more distinct facts to learn from, so that
+            a small policy cannot memorise the training answers instead of reading the passage.
         url: A running ``/retrieve`` endpoint; ``""`` starts one in-process (shared, stopped at exit).
         method: Retrieval of the in-process server: ``bm25`` or ``dense``.
         topk: Passages per search.
@@ -186,7 +190,7 @@ def search_r1_env(
         raise ConfigError(f"env.kwargs.tool_format = {tool_format!r}; choose one of {sorted(FORMATS)}")
     if not 0 <= format_reward < 1:
         raise ConfigError(f"env.kwargs.format_reward = {format_reward}; use a number in [0, 1) (exact match scores 1)")
-    _, train, test = load_dataset(corpus, qa, corpus_seed, test_frac)
+    _, train, test = load_dataset(corpus, qa, corpus_seed, test_frac, n_questions)
     endpoint = url or retriever_url(corpus, qa, corpus_seed, test_frac, method)
     text = spaced if spaced_text else _same
     source = _SearchTask(train, test, test_seed_start, format_reward, text)
@@ -196,7 +200,7 @@ def search_r1_env(
                   call_timeout_s=call_timeout_s, system_prompt=system_prompt, task_type="search_r1",
                   expert=source.expert, metrics=source.metrics, format_instructions=instructions or None)
     if spaced_text:
-        env.vocabulary = _vocabulary(corpus, qa, corpus_seed, test_frac)  # type: ignore[attr-defined]
+        env.vocabulary = _vocabulary(corpus, qa, corpus_seed, test_frac, n_questions)  # type: ignore[attr-defined]
     return env
 
 

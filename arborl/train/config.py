@@ -92,8 +92,16 @@ class PolicySpec:
     http_retries: int = 2
     """``backend = "http"``: further tries of a failed request (on another server when one is up); when all
     fail the episode ends with stop reason ``env_error`` and the run goes on."""
+    frozen_embeddings: float = 0.0
+    """When > 0, the word embeddings (tied to the output layer) are fixed random vectors: a scratch
+    model's are drawn N(0, value^2) at build, and SFT and RL never train them. A word-level scratch
+    tokenizer gives each name its own token; a held-out name's embedding would never be trained, so
+    the model could not copy it. Fixed random embeddings make every name equally copyable (0: off)."""
 
     def __post_init__(self) -> None:
+        if not self.frozen_embeddings >= 0:
+            raise ConfigError(f"policy.frozen_embeddings is {self.frozen_embeddings}; use 0 (off) or a positive std "
+                              "such as hidden_size ** -0.5")
         if self.backend == "http" and not self.urls:
             raise ConfigError('policy.backend = "http" needs policy.urls, e.g. ["http://127.0.0.1:8000"] '
                               "(start one with `arborl serve CHECKPOINT`)")

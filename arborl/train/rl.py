@@ -60,6 +60,7 @@ from arborl.train.common import (
 )
 from arborl.train.config import RLConfig, TrainConfig
 from arborl.train.credit_models import CreditContext, CreditModel
+from arborl.train.embeddings import freeze_embeddings
 from arborl.train.interrupt import Interrupted, StopRequest
 from arborl.train.loggers import Metrics
 from arborl.train.profile import PhaseTimer, torch_threads
@@ -84,7 +85,8 @@ def _update(model, opt, cfg: TrainConfig, batch: TokenBatch, adv: Tensor, ref_lo
             mb = chunks[c]
             sub = batch.select(mb)
             w = sub.input_ids.shape[1]
-            logp, ent = token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, temperature=temp)
+            logp, ent = token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, temperature=temp,
+                                                   positions=sub.loss_mask, entropy_grad=rc.entropy_coef != 0)
             out = ppo_clip_loss(
                 logp, sub.old_logp, adv[mb, :w], sub.loss_mask,
                 clip_low=rc.clip_low, clip_high=rc.clip_high, clip_c=rc.clip_c, agg=rc.loss_agg,
@@ -111,7 +113,7 @@ def _ref_logprobs(ref, batch: TokenBatch, chunk: int, temperature: float) -> Ten
     for rows in length_chunks(batch, chunk):
         sub = batch.select(rows)
         out[rows, : sub.input_ids.shape[1]] = token_logprobs(ref, sub.input_ids, sub.attention_mask,
-                                                             temperature=temperature)
+                                                             temperature=temperature, positions=sub.loss_mask)
     return out
 
 
@@ -158,7 +160,8 @@ def _learner(cfg: TrainConfig, start_path: Path, resume_from: Path | None, env_s
     set_training_options(model, gradient_checkpointing=cfg.policy.gradient_checkpointing, autocast=cfg.policy.autocast)
     model.eval()  # no dropout: behaviour and training log-probs must match
     ref = load_policy(start_path)[0].eval().requires_grad_(False) if rc.kl_coef > 0 else None
-    opt = torch.optim.AdamW(model.parameters(), lr=rc.lr, weight_decay=rc.weight_decay, betas=(0.9, 0.99))
+    opt = torch.optim.AdamW(freeze_embeddings(model, cfg.policy.frozen_embeddings), lr=rc.lr,
+                            weight_decay=rc.weight_decay, betas=(0.9, 0.99))
     lrn = _Learner(model, tok, ref, opt, torch.Generator().manual_seed(cfg.seed + 2),
                    torch.Generator().manual_seed(cfg.seed + 3), {"env_steps": env_steps_before, "tokens": 0},
                    credit_model)

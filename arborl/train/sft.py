@@ -20,6 +20,7 @@ from arborl.store.base import StoreError
 from arborl.store.url import redact
 from arborl.train.batch import collate
 from arborl.train.config import TrainConfig
+from arborl.train.embeddings import freeze_embeddings
 from arborl.train.loggers import Metrics
 from arborl.train.progress import progress
 from arborl.train.stages import evaluate, policy_dir
@@ -46,7 +47,8 @@ def train_sft(
     model, tok = load_policy(init_path)
     model.train()
     sc = cfg.sft
-    opt = torch.optim.AdamW(model.parameters(), lr=sc.lr, weight_decay=sc.weight_decay, betas=(0.9, 0.95))
+    params = freeze_embeddings(model, cfg.policy.frozen_embeddings)
+    opt = torch.optim.AdamW(params, lr=sc.lr, weight_decay=sc.weight_decay, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_schedule(s, total=sc.steps, warmup=sc.warmup_steps))
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     demo_turns = sum(len(e.path()) for e in demos)
@@ -57,11 +59,11 @@ def train_sft(
         idx = torch.randint(len(demos), (sc.batch_size,), generator=gen).tolist()
         seen.update(idx)
         batch = collate([demos[i] for i in idx], pad_id=pad)
-        logp = token_logprobs(model, batch.input_ids, batch.attention_mask)
+        logp = token_logprobs(model, batch.input_ids, batch.attention_mask, positions=batch.loss_mask)
         out_loss = sft_loss(logp, batch.loss_mask)
         opt.zero_grad(set_to_none=True)
         out_loss.loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), sc.grad_clip)
+        gnorm = torch.nn.utils.clip_grad_norm_(params, sc.grad_clip)
         opt.step()
         sched.step()
         env_steps = int(demo_turns * len(seen) / len(demos))

@@ -26,6 +26,7 @@ from arborl.rollout import EpisodeSpec, ModelPolicy, RolloutConfig, ScriptedPoli
 from arborl.tools.metrics import episode_metrics
 from arborl.train.common import task_type_of
 from arborl.train.config import TrainConfig
+from arborl.train.embeddings import redraw_embeddings
 from arborl.train.progress import progress
 from arborl.trajectory import Episode
 
@@ -85,6 +86,8 @@ def prepare_policy(cfg: TrainConfig, make_env: Callable[[], Env]) -> Path:
     corpus = texts + actions + ([cfg.policy.system_prompt] if cfg.policy.system_prompt else [])
     tok = train_tokenizer(corpus, extra_words=actions)
     model = build_model(cfg.policy.model, tok, seed=cfg.seed)
+    if cfg.policy.frozen_embeddings:
+        redraw_embeddings(model, cfg.policy.frozen_embeddings, seed=cfg.seed)
     save_policy(model, tok, out)
     return out
 

@@ -206,3 +206,12 @@ def test_every_retrieved_token_gets_exactly_zero_gradient(data, env_kw):
     grad_of_token[:, 1:] = g[:, :-1].abs().sum(-1)
     assert all(batch.loss_mask[b, t] == 0 and grad_of_token[b, t] == 0.0 for b, t in retrieved)
     assert torch.count_nonzero(grad_of_token[batch.loss_mask == 1]) == int(batch.loss_mask.sum())
+
+
+def test_more_questions_extend_the_default_set_and_keep_the_split():
+    _, train, test = load_dataset()
+    _, more_train, more_test = load_dataset(n_questions=4000)
+    assert more_train[: len(train)] == train and more_test[: len(test)] == test  # the draw goes on
+    assert len(more_train) + len(more_test) == 4000 and len(more_train) > len(train)
+    train_subjects = {q.extra["subject_id"] for q in more_train}
+    assert not train_subjects & {q.extra["subject_id"] for q in more_test}
