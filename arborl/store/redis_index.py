@@ -43,7 +43,7 @@ from arborl.store.base import (
 )
 from arborl.store.blob import BlobStore
 from arborl.store.codec import dedup_batch, from_blob, prepare_many, to_blob
-from arborl.store.common import BaseStore, expiry_rules
+from arborl.store.common import BaseStore, expiry_rules, profile_of
 from arborl.store.url import one_line, redact, redact_secret
 from arborl.trajectory.schema import Episode, SchemaError, Turn
 
@@ -285,17 +285,7 @@ class RedisStore(BaseStore):
 
     def profile(self, group_by: Sequence[str] = ("task_type", "policy_version"), **filters: Any) -> list[ProfileRow]:
         """Count, success rate, mean reward and mean turns per group (reads every matching row)."""
-        cols = check_group_by(group_by)
-        acc: dict[tuple[Any, ...], list[float]] = {}
-        for r in self._scan(Filters.make(**filters), True, None):
-            a = acc.setdefault(tuple(getattr(r, c) for c in cols), [0, 0, 0, 0.0, 0.0])
-            a[0] += 1
-            a[1] += r.success is not None
-            a[2] += bool(r.success)
-            a[3] += r.reward
-            a[4] += r.n_turns
-        return [ProfileRow(dict(zip(cols, k, strict=True)), int(n), int(ns), (s / ns) if ns else None, rw / n, t / n)
-                for k, (n, ns, s, rw, t) in sorted(acc.items(), key=lambda kv: [str(x) for x in kv[0]])]
+        return profile_of(self._scan(Filters.make(**filters), True, None), check_group_by(group_by))
 
     # --- retention -----------------------------------------------------------------------------
     def expire(self, older_than: timedelta | None = None, task_type: str | None = None,
