@@ -153,13 +153,17 @@ class DynamoDBStore(BaseStore):
                 raise StoreError(f"no DynamoDB table {self.table!r}; check the table name and region") from None
             self._create_table()
             desc = self.db.describe_table(TableName=self.table)["Table"]
+        if desc.get("TableStatus") == "CREATING":  # another process has just created it
+            self.db.get_waiter("table_exists").wait(TableName=self.table, WaiterConfig={"Delay": 1, "MaxAttempts": 120})
         keys = sorted((k["AttributeName"], k["KeyType"]) for k in desc["KeySchema"])
         gsis = {g["IndexName"] for g in desc.get("GlobalSecondaryIndexes", [])}
+        foreign = StoreError(f"the DynamoDB table {self.table!r} is not an arborl store (other keys or indexes, or "
+                             "items without a layout record); arborl writes nothing there: choose another table")
+        if keys != [("pk", "HASH"), ("sk", "RANGE")] or not set(_INDEXES) <= gsis:
+            raise foreign
         meta = self.db.get_item(TableName=self.table, Key=_META, ConsistentRead=True).get("Item")
-        if keys != [("pk", "HASH"), ("sk", "RANGE")] or not set(_INDEXES) <= gsis or (
-                meta is None and self.db.scan(TableName=self.table, Limit=1).get("Items")):
-            raise StoreError(f"the DynamoDB table {self.table!r} is not an arborl store (no layout record, or other "
-                             "keys and indexes); arborl writes nothing there: choose another table")
+        if meta is None and self.db.scan(TableName=self.table, Limit=1).get("Items"):
+            raise foreign
         if meta is None:
             if not create:
                 raise StoreError(f"the DynamoDB table {self.table!r} holds no arborl store yet; open it writable once")
@@ -410,15 +414,33 @@ class DynamoDBStore(BaseStore):
             kw["ExclusiveStartKey"] = got["LastEvaluatedKey"]
 
     def _delete(self, items: list[dict[str, Any]]) -> int:
-        """Delete episode and hash items together (one transaction per chunk), then their bodies."""
+        """Delete episode items with the hash items that still name them (one transaction per chunk), then bodies."""
         for i in range(0, len(items), _TXN):
             part = items[i:i + _TXN]
-            self.db.transact_write_items(TransactItems=[
-                {"Delete": {"TableName": self.table, "Key": key}}
-                for it in part for key in (_ep_key(it["pk"]["S"][3:]), _hash_key(it["content_hash"]["S"]))])
+            for attempt in range(20):
+                try:
+                    self.db.transact_write_items(TransactItems=self._delete_items(part))
+                    break
+                except self.db.exceptions.TransactionCanceledException:
+                    time.sleep(0.01 * (attempt + 1))  # a writer retook a content hash meanwhile: reread
+            else:
+                raise StoreError(f"DynamoDB table {self.table!r}: 20 deletes in a row lost to concurrent writers; retry")
             for it in part:  # bodies last: a crash in between leaves a stray blob, never a dangling item
                 self.blobs.delete(json.loads(it["row"]["S"])["body_url"])
         return len(items)
+
+    def _delete_items(self, part: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Deletes of ``part``'s episode items, and of each hash item naming one of them (a content
+        stored again after its first copy expired names the new copy, and stays).
+        """
+        ids = {it["pk"]["S"][3:] for it in part}
+        hashes = self._batch_get([_hash_key(h) for h in {it["content_hash"]["S"] for it in part}])
+        out = [{"Delete": {"TableName": self.table, "Key": _ep_key(eid)}} for eid in sorted(ids)]
+        out += [{"Delete": {"TableName": self.table, "Key": _hash_key(h["pk"]["S"][5:]),
+                            "ConditionExpression": "episode_id = :id",
+                            "ExpressionAttributeValues": {":id": h["episode_id"]}}}
+                for h in hashes if h["episode_id"]["S"] in ids]
+        return out
 
     def _writable(self) -> None:
         if self.read_only:
