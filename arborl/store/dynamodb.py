@@ -40,7 +40,7 @@ import json
 import struct
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
@@ -49,16 +49,15 @@ from arborl.store.base import (
     EpisodeNotFound,
     Filters,
     IndexRow,
-    ProfileRow,
     StoreConfig,
     StoreError,
-    check_group_by,
 )
 from arborl.store.blob import BlobStore
-from arborl.store.codec import Prepared, dedup_batch, from_blob, prepare_many, to_blob
-from arborl.store.common import BaseStore, expiry_rules, profile_of
+from arborl.store.blob_index import BlobIndexStore
+from arborl.store.codec import Prepared, dedup_batch, prepare_many, to_blob
+from arborl.store.common import expiry_rules
 from arborl.store.url import one_line, redact, redact_secret
-from arborl.trajectory.schema import Episode, SchemaError, Turn
+from arborl.trajectory.schema import Episode, SchemaError
 
 LAYOUT_VERSION = 1
 TTL_GRACE = 86400
@@ -99,7 +98,7 @@ def _index_for(f: Filters) -> tuple[str, str | None]:
     return "by_day", None
 
 
-class DynamoDBStore(BaseStore):
+class DynamoDBStore(BlobIndexStore):
     """Trajectory index in one DynamoDB table with bodies in a blob store.
 
     Args:
@@ -328,35 +327,13 @@ class DynamoDBStore(BaseStore):
                 return
             kw["ExclusiveStartKey"] = got["LastEvaluatedKey"]
 
-    def _rows(self, f: Filters, *, descending: bool, limit: int,
-              after: tuple[float, Any] | None) -> list[tuple[IndexRow, Any]]:
-        out = []
-        for row in self._scan(f, descending, after):
-            out.append((row, row.episode_id))
-            if len(out) == limit:
-                break
-        return out
-
-    def _body(self, r: IndexRow) -> bytes | None:
-        """The body blob of an index row; ``None`` if the episode was expired since the row was read."""
-        try:
-            return zlib.decompress(self.blobs.get(r.body_url or ""))
-        except StoreError:
-            if self._batch_get([_ep_key(r.episode_id)]):
-                raise  # still indexed: the blob is really missing
-            return None
-
-    def _fetch(self, ids: list[str]) -> dict[str, Episode]:
-        """Index rows (consistent batch reads), then bodies in parallel; an episode expired meanwhile is left out."""
+    def _index_rows(self, ids: list[str]) -> list[IndexRow]:
         now = time.time()
-        rows = [IndexRow(**json.loads(it["row"]["S"]))
-                for it in self._batch_get([_ep_key(eid) for eid in dict.fromkeys(ids)]) if _live(it, now)]
+        return [IndexRow(**json.loads(it["row"]["S"])) for it in self._batch_get([_ep_key(eid) for eid in ids])
+                if _live(it, now)]
 
-        def load(r: IndexRow) -> Episode | None:
-            data = self._body(r)
-            return None if data is None else from_blob(r.episode_id, r.schema_version, data)[0]
-
-        return {r.episode_id: ep for r, ep in zip(rows, self._pool.map(load, rows), strict=True) if ep is not None}
+    def _indexed(self, episode_id: str) -> bool:
+        return bool(self._batch_get([_ep_key(episode_id)]))
 
     def index_row(self, episode_id: str) -> IndexRow:
         """The index row of one episode."""
@@ -365,23 +342,9 @@ class DynamoDBStore(BaseStore):
             raise EpisodeNotFound(episode_id)
         return IndexRow(**json.loads(it["row"]["S"]))
 
-    def slice(self, episode_id: str, start: int = 0, stop: int | None = None) -> list[Turn]:
-        """Turns ``start..stop-1`` along the main path (one body GET; only those turns decoded)."""
-        if start < 0 or (stop is not None and stop < 0):
-            raise ValueError("slice takes non-negative start/stop; read n_turns from the index row for the length")
-        r = self.index_row(episode_id)
-        data = self._body(r)
-        if data is None:
-            raise EpisodeNotFound(episode_id)
-        return from_blob(r.episode_id, r.schema_version, data, start, stop)[1]
-
     def count(self, **filters: Any) -> int:
         """Number of matching episodes (reads the matching rows of the chosen index)."""
         return sum(1 for _ in self._scan(Filters.make(**filters), True, None))
-
-    def profile(self, group_by: Sequence[str] = ("task_type", "policy_version"), **filters: Any) -> list[ProfileRow]:
-        """Count, success rate, mean reward and mean turns per group (reads every matching row)."""
-        return profile_of(self._scan(Filters.make(**filters), True, None), check_group_by(group_by))
 
     # --- retention -----------------------------------------------------------------------------
     def expire(self, older_than: timedelta | None = None, task_type: str | None = None,
