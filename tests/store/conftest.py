@@ -61,6 +61,12 @@ def dynamodb_url(endpoint: str, request) -> str:
 
 
 @pytest.fixture
+def ddb_url(s3_endpoint, request) -> str:
+    """A URL of an empty DynamoDB store on the session's moto server."""
+    return dynamodb_url(s3_endpoint, request)
+
+
+@pytest.fixture
 def episodes() -> list:
     return [make_episode(i) for i in range(10)]
 

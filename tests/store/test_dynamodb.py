@@ -1,7 +1,7 @@
-"""DynamoDB specifics against moto's DynamoDB server: concurrent writers, the index each filter
-reads (checked against SQLite on the same episodes), expiry by item attribute and native TTL,
-foreign and missing tables, read-only, newer layouts and records, and credentials kept out of
-every message and log line."""
+"""DynamoDB specifics against moto's DynamoDB server: the index each filter reads (checked against
+SQLite on the same episodes), expiry by item attribute and native TTL, foreign and missing
+tables, read-only, newer layouts and records, and credentials kept out of every message and log
+line. Concurrent writers: test_services.py."""
 
 from __future__ import annotations
 
@@ -13,9 +13,7 @@ from datetime import timedelta
 
 import boto3
 import pytest
-from conftest import dynamodb_url
 from storekit import make_episode
-from test_services import _run_writers
 
 from arborl.store import EpisodeNotFound, StoreConfig, StoreError, open_store
 from arborl.store.dynamodb import LAYOUT_VERSION
@@ -25,11 +23,6 @@ pytestmark = pytest.mark.services
 DAY = 86400.0
 
 
-@pytest.fixture
-def ddb_url(s3_endpoint, request):
-    return dynamodb_url(s3_endpoint, request)
-
-
 def _client(url: str):
     endpoint = url.split("endpoint=")[1].split("&")[0]
     return boto3.client("dynamodb", endpoint_url=endpoint, region_name="us-east-1")
@@ -37,20 +30,6 @@ def _client(url: str):
 
 def _table(url: str) -> str:
     return url.split("://")[1].split("?")[0]
-
-
-@pytest.mark.slow
-def test_four_concurrent_writers_lose_and_duplicate_nothing(ddb_url):
-    _run_writers(ddb_url)  # ranges 0-299, 200-499, 400-699, 600-899 overlap; twins repeat content under new ids
-    with open_store(ddb_url) as store:
-        assert store.count() == 900
-        rows = list(store.iter_rows())
-        assert sorted(r.episode_id for r in rows) == [f"ep{i:06d}" for i in range(900)]
-        assert len({r.content_hash for r in rows}) == 900
-    client, table = _client(ddb_url), _table(ddb_url)
-    hashes = client.scan(TableName=table, Select="COUNT", FilterExpression="sk = :h",
-                         ExpressionAttributeValues={":h": {"S": "hash"}})["Count"]
-    assert hashes == 900  # one dedup item per content, none left over by a lost race
 
 
 def test_every_index_gives_what_sqlite_gives_across_days_and_pages(ddb_url, tmp_path):
