@@ -45,6 +45,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 from arborl.store.base import (
     EpisodeNotFound,
     Filters,
@@ -123,7 +125,7 @@ class DynamoDBStore(BlobIndexStore):
                  read_only: bool = False) -> None:
         import boto3  # optional dependency: the `store` extra
         from botocore.config import Config
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError
 
         if blobs is None:
             raise StoreError("the DynamoDB store keeps bodies in a blob store: add ?blob=s3://bucket/prefix "
@@ -237,7 +239,9 @@ class DynamoDBStore(BlobIndexStore):
             try:
                 self.db.transact_write_items(TransactItems=self._txn_items(new))
                 return {**stored, **{p.row.content_hash: p.row.episode_id for p in new}}
-            except self.db.exceptions.TransactionCanceledException:
+            except ClientError as e:
+                if not _lost_race(e):
+                    raise
                 time.sleep(0.01 * (attempt + 1))  # a concurrent writer won a key: see what it stored
         raise StoreError(f"DynamoDB table {self.table!r}: 20 transactions in a row lost to concurrent writers; retry")
 
@@ -384,7 +388,9 @@ class DynamoDBStore(BlobIndexStore):
                 try:
                     self.db.transact_write_items(TransactItems=self._delete_items(part))
                     break
-                except self.db.exceptions.TransactionCanceledException:
+                except ClientError as e:
+                    if not _lost_race(e):
+                        raise
                     time.sleep(0.01 * (attempt + 1))  # a writer retook a content hash meanwhile: reread
             else:
                 raise StoreError(f"DynamoDB table {self.table!r}: 20 deletes in a row lost to concurrent writers; retry")
@@ -415,6 +421,15 @@ class DynamoDBStore(BlobIndexStore):
         self._pool.shutdown()
         self.db.close()
         self.blobs.close()
+
+
+def _lost_race(e: Exception) -> bool:
+    """Whether a transaction failed for a concurrent one (cancelled on a condition or a conflict,
+    or a 5xx that retries exhausted: DynamoDB asks clients to retry those) and is worth rereading.
+    """
+    code = e.response.get("Error", {}).get("Code")  # type: ignore[attr-defined]
+    status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)  # type: ignore[attr-defined]
+    return code in ("TransactionCanceledException", "TransactionConflictException") or status >= 500
 
 
 def _live(item: dict[str, Any], now: float) -> bool:
