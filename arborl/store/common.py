@@ -239,6 +239,23 @@ def _splice(ep: Episode, trunk: Episode | None) -> None:
     ep.turns[:0] = prefix
 
 
+def profile_of(rows: Iterable[IndexRow], cols: tuple[str, ...]) -> list[ProfileRow]:
+    """Count, success rate, mean reward and mean turns per group of ``cols`` (sorted by value as text).
+
+    For backends that aggregate index rows client-side (Redis, DynamoDB).
+    """
+    acc: dict[tuple[Any, ...], list[float]] = {}
+    for r in rows:
+        a = acc.setdefault(tuple(getattr(r, c) for c in cols), [0, 0, 0, 0.0, 0.0])
+        a[0] += 1
+        a[1] += r.success is not None
+        a[2] += bool(r.success)
+        a[3] += r.reward
+        a[4] += r.n_turns
+    return [ProfileRow(dict(zip(cols, k, strict=True)), int(n), int(ns), (s / ns) if ns else None, rw / n, t / n)
+            for k, (n, ns, s, rw, t) in sorted(acc.items(), key=lambda kv: [str(x) for x in kv[0]])]
+
+
 def sql_where(f: Filters, ph: str) -> tuple[list[str], list[Any]]:
     """SQL conditions (without tags) for a :class:`Filters`, with ``ph`` as the placeholder."""
     conds: list[str] = []

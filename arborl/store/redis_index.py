@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
@@ -36,16 +36,15 @@ from arborl.store.base import (
     EpisodeNotFound,
     Filters,
     IndexRow,
-    ProfileRow,
     StoreConfig,
     StoreError,
-    check_group_by,
 )
 from arborl.store.blob import BlobStore
-from arborl.store.codec import dedup_batch, from_blob, prepare_many, to_blob
-from arborl.store.common import BaseStore, expiry_rules
+from arborl.store.blob_index import BlobIndexStore
+from arborl.store.codec import dedup_batch, prepare_many, to_blob
+from arborl.store.common import expiry_rules
 from arborl.store.url import one_line, redact, redact_secret
-from arborl.trajectory.schema import Episode, SchemaError, Turn
+from arborl.trajectory.schema import Episode, SchemaError
 
 LAYOUT_VERSION = 1
 _CHUNK = 512
@@ -87,7 +86,7 @@ return out
 """
 
 
-class RedisStore(BaseStore):
+class RedisStore(BlobIndexStore):
     """Trajectory index in Redis with bodies in a blob store.
 
     Args:
@@ -222,40 +221,14 @@ class RedisStore(BaseStore):
             if len(batch) < _CHUNK:
                 return
 
-    def _rows(self, f: Filters, *, descending: bool, limit: int,
-              after: tuple[float, Any] | None) -> list[tuple[IndexRow, Any]]:
-        out = []
-        for row in self._scan(f, descending, after):
-            out.append((row, row.episode_id))
-            if len(out) == limit:
-                break
-        return out
-
-    def _body(self, r: IndexRow) -> bytes | None:
-        """The body blob of an index row; ``None`` if the episode was expired since the row was read."""
-        try:
-            return zlib.decompress(self.blobs.get(r.body_url or ""))
-        except StoreError:
-            if self.r.exists(f"{self.p}:ep:{r.episode_id}"):
-                raise  # still indexed: the blob is really missing
-            return None
-
-    def _fetch(self, ids: list[str]) -> dict[str, Episode]:
-        """Index rows (one pipeline), then bodies in parallel; an episode expired in between is left out.
-
-        A body is immutable and deleted only after its index entry, so an episode is either read
-        whole or found gone: never half of it.
-        """
+    def _index_rows(self, ids: list[str]) -> list[IndexRow]:
         pipe = self.r.pipeline(transaction=False)
         for eid in ids:
             pipe.hget(f"{self.p}:ep:{eid}", "row")
-        rows = [IndexRow(**json.loads(raw)) for raw in pipe.execute() if raw is not None]
+        return [IndexRow(**json.loads(raw)) for raw in pipe.execute() if raw is not None]
 
-        def load(r: IndexRow) -> Episode | None:
-            data = self._body(r)
-            return None if data is None else from_blob(r.episode_id, r.schema_version, data)[0]
-
-        return {r.episode_id: ep for r, ep in zip(rows, self._pool.map(load, rows), strict=True) if ep is not None}
+    def _indexed(self, episode_id: str) -> bool:
+        return bool(self.r.exists(f"{self.p}:ep:{episode_id}"))
 
     def index_row(self, episode_id: str) -> IndexRow:
         """The index row of one episode."""
@@ -263,16 +236,6 @@ class RedisStore(BaseStore):
         if raw is None:
             raise EpisodeNotFound(episode_id)
         return IndexRow(**json.loads(raw))
-
-    def slice(self, episode_id: str, start: int = 0, stop: int | None = None) -> list[Turn]:
-        """Turns ``start..stop-1`` along the main path (one body GET; only those turns decoded)."""
-        if start < 0 or (stop is not None and stop < 0):
-            raise ValueError("slice takes non-negative start/stop; read n_turns from the index row for the length")
-        r = self.index_row(episode_id)
-        data = self._body(r)
-        if data is None:
-            raise EpisodeNotFound(episode_id)
-        return from_blob(r.episode_id, r.schema_version, data, start, stop)[1]
 
     def count(self, **filters: Any) -> int:
         """Number of matching episodes (ZCOUNT when only task type and time are filtered)."""
@@ -282,20 +245,6 @@ class RedisStore(BaseStore):
             hi = "+inf" if f.until is None else f"({f.until!r}"
             return int(self.r.zcount(self._key(f), lo, hi))
         return sum(1 for _ in self._scan(f, True, None))
-
-    def profile(self, group_by: Sequence[str] = ("task_type", "policy_version"), **filters: Any) -> list[ProfileRow]:
-        """Count, success rate, mean reward and mean turns per group (reads every matching row)."""
-        cols = check_group_by(group_by)
-        acc: dict[tuple[Any, ...], list[float]] = {}
-        for r in self._scan(Filters.make(**filters), True, None):
-            a = acc.setdefault(tuple(getattr(r, c) for c in cols), [0, 0, 0, 0.0, 0.0])
-            a[0] += 1
-            a[1] += r.success is not None
-            a[2] += bool(r.success)
-            a[3] += r.reward
-            a[4] += r.n_turns
-        return [ProfileRow(dict(zip(cols, k, strict=True)), int(n), int(ns), (s / ns) if ns else None, rw / n, t / n)
-                for k, (n, ns, s, rw, t) in sorted(acc.items(), key=lambda kv: [str(x) for x in kv[0]])]
 
     # --- retention -----------------------------------------------------------------------------
     def expire(self, older_than: timedelta | None = None, task_type: str | None = None,

@@ -5,11 +5,14 @@ URL forms (see docs/store.md):
 * ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db`` (four slashes)
 * ``postgresql://user@host:port/db``
 * ``redis://host:port/0?blob=...`` (index only; bodies go to the ``blob`` store, required)
+* ``dynamodb://TABLE?blob=s3://bucket/prefix`` (index only, like Redis), with ``endpoint=`` (a
+  DynamoDB-compatible server) and ``region=``; credentials come from boto3's chain, never the URL
 
 Query parameters common to all: ``blob=file:///dir`` or ``blob=s3://bucket/prefix``,
 ``s3_endpoint=http://host:port`` (S3-compatible server), ``ttl=search:7d,code:12h,*:30d``
 (per-task-type retention; ``*`` is the default). SQLite also takes ``synchronous=full``;
-PostgreSQL takes ``pool_min``/``pool_max`` and ``partitioned=day|week|month``; Redis takes ``prefix``.
+PostgreSQL takes ``pool_min``/``pool_max`` and ``partitioned=day|week|month``; Redis takes ``prefix``;
+DynamoDB takes ``endpoint`` and ``region``.
 """
 
 from __future__ import annotations
@@ -86,10 +89,10 @@ def _open(url: str, config: StoreConfig | None, blobs: BlobStore | None, create:
     blob_url = params.pop("blob", None)
     s3_endpoint = params.pop("s3_endpoint", None)
     ttl = params.pop("ttl", None)
-    if u.scheme not in ("sqlite", "postgresql", "postgres", "redis"):
+    if u.scheme not in ("sqlite", "postgresql", "postgres", "redis", "dynamodb"):
         raise StoreError(
-            f"unsupported store URL {redact(url)!r}; use sqlite:///path.db, postgresql://user@host:port/db or "
-            "redis://host:port/0 (MongoDB and DynamoDB are not supported: no server can be tested here)")
+            f"unsupported store URL {redact(url)!r}; use sqlite:///path.db, postgresql://user@host:port/db, "
+            "redis://host:port/0 or dynamodb://TABLE (MongoDB is not supported: no server can be tested here)")
     if config is None:
         config = parse_ttl(ttl) if ttl else StoreConfig()
     if blobs is None and blob_url:
@@ -109,12 +112,27 @@ def _open(url: str, config: StoreConfig | None, blobs: BlobStore | None, create:
         return PostgresStore(conninfo, blobs=blobs, config=config, partitioned=params.get("partitioned"),
                              pool_min=_int_param(params, "pool_min", 1), pool_max=_int_param(params, "pool_max", 4),
                              create=create, read_only=read_only)
+    if u.scheme == "dynamodb":
+        return _open_dynamodb(u, params, url, blobs, config, create, read_only)
     from arborl.store.redis_index import RedisStore
 
     _no_extra(params, {"prefix"}, url)
     conn = urlunparse(u._replace(query=""))
     return RedisStore(conn, blobs=blobs, config=config, prefix=params.get("prefix", "arborl"), create=create,
                       read_only=read_only)
+
+
+def _open_dynamodb(u: Any, params: dict[str, str], url: str, blobs: BlobStore | None, config: StoreConfig,
+                   create: bool, read_only: bool) -> Any:
+    from arborl.store.dynamodb import DynamoDBStore
+
+    _no_extra(params, {"endpoint", "region"}, url)
+    if u.path not in ("", "/") or not re.fullmatch(r"[A-Za-z0-9_.-]{3,255}", u.netloc):
+        raise StoreError(f"store URL {redact(url)!r} needs one table name of 3-255 letters, digits, '_', '-' or '.' "
+                         "and no user, password or path: write dynamodb://TABLE?endpoint=...&region=... "
+                         "(credentials come from the AWS environment or config files)")
+    return DynamoDBStore(u.netloc, blobs=blobs, config=config, endpoint=params.get("endpoint"),
+                         region=params.get("region"), create=create, read_only=read_only)
 
 
 def sqlite_path(url: str) -> str:

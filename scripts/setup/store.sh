@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Trajectory store: servers the store tests start on temporary ports (PostgreSQL, Redis) and the
-# Python clients (the `store` extra plus moto's S3 emulator). Idempotent. apt needs root; the pip
+# Python clients (the `store` extra plus moto, which emulates S3 and DynamoDB). Idempotent. apt needs root; the pip
 # part installs into the active virtual environment. No service is left running: each test
 # fixture starts its own server (see tests/store/services.py).
 set -euo pipefail

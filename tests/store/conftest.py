@@ -14,7 +14,7 @@ from store_services import pg_database  # noqa: E402
 from storekit import make_episode  # noqa: E402
 
 BACKENDS = ["sqlite", *(pytest.param(b, marks=pytest.mark.services)
-                         for b in ("postgres", "postgres_partitioned", "redis", "redis_s3"))]
+                         for b in ("postgres", "postgres_partitioned", "redis", "redis_s3", "dynamodb"))]
 
 
 @pytest.fixture
@@ -24,7 +24,7 @@ def sqlite_url(tmp_path: Path) -> str:
 
 @pytest.fixture
 def aws_env(monkeypatch):
-    """Dummy credentials for the moto S3 emulator (boto3 refuses to sign without some)."""
+    """Dummy credentials for the moto S3 and DynamoDB emulator (boto3 refuses to sign without some)."""
     for k, v in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
                  ("AWS_DEFAULT_REGION", "us-east-1")):
         monkeypatch.setenv(k, v)
@@ -40,6 +40,8 @@ def store_url(request, tmp_path: Path):
         url, drop = pg_database(request.getfixturevalue("pg_server"), kind.endswith("partitioned"), tmp_path / "b")
         yield url
         drop()
+    elif kind == "dynamodb":
+        yield dynamodb_url(request.getfixturevalue("s3_endpoint"), request)
     else:
         server = request.getfixturevalue("redis_url_server")
         prefix = "t" + uuid.uuid4().hex[:12]
@@ -49,6 +51,19 @@ def store_url(request, tmp_path: Path):
             endpoint = request.getfixturevalue("s3_endpoint")
             request.getfixturevalue("aws_env")
             yield f"{server}?prefix={prefix}&blob=s3://{prefix}/bodies&s3_endpoint={endpoint}"
+
+
+def dynamodb_url(endpoint: str, request) -> str:
+    """A fresh table on the moto server (which emulates DynamoDB and S3 alike), bodies in its S3."""
+    request.getfixturevalue("aws_env")
+    table = "t" + uuid.uuid4().hex[:12]
+    return f"dynamodb://{table}?endpoint={endpoint}&region=us-east-1&blob=s3://{table}/bodies&s3_endpoint={endpoint}"
+
+
+@pytest.fixture
+def ddb_url(s3_endpoint, request) -> str:
+    """A URL of an empty DynamoDB store on the session's moto server."""
+    return dynamodb_url(s3_endpoint, request)
 
 
 @pytest.fixture

@@ -132,7 +132,7 @@ def redis_server(password: str | None = None) -> Iterator[str]:
 
 @contextlib.contextmanager
 def moto_server() -> Iterator[str]:
-    """moto's S3 emulator in server mode over HTTP on a free port; yields its endpoint URL."""
+    """moto in server mode over HTTP on a free port (one server emulates S3 and DynamoDB); yields its endpoint URL."""
     try:
         import moto.server  # noqa: F401
     except ImportError as e:

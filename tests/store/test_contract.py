@@ -1,5 +1,5 @@
 """The store contract, run against every backend: SQLite, PostgreSQL (plain and time-partitioned),
-Redis with file blobs and Redis with S3 (moto) blobs. Expectations are computed by hand."""
+Redis with file blobs, Redis with S3 (moto) blobs and DynamoDB (moto). Expectations are computed by hand."""
 
 from __future__ import annotations
 

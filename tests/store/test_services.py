@@ -53,9 +53,10 @@ def _run_writers(url: str) -> None:
         assert p.returncode == 0, err
 
 
-@pytest.mark.parametrize("which", ["pg", "pg_part", "redis"])
-def test_four_concurrent_writers_lose_and_duplicate_nothing(which, request):
-    url = request.getfixturevalue({"pg": "pg_url", "pg_part": "pg_part_url", "redis": "redis_store_url"}[which])
+@pytest.mark.parametrize("which", ["pg", "pg_part", "redis", pytest.param("dynamodb", marks=pytest.mark.slow)])
+def test_four_concurrent_writers_lose_and_duplicate_nothing(which, request):  # moto's DynamoDB takes minutes
+    url = request.getfixturevalue({"pg": "pg_url", "pg_part": "pg_part_url", "redis": "redis_store_url",
+                                   "dynamodb": "ddb_url"}[which])
     _run_writers(url)  # ranges 0-299, 200-499, 400-699, 600-899 overlap; twins repeat content under new ids
     with open_store(url) as store:
         assert store.count() == 900
