@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install arborl with its dev extras and every system package its tests need, then run the suite.
 # Works on a fresh Debian machine as root (or with sudo-less apt as root in CI). Extra arguments
-# go to pytest, e.g. `bash scripts/test.sh -m "not slow"`.
+# go to pytest instead of the default selection, e.g. `bash scripts/test.sh tests/store`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
@@ -22,4 +22,7 @@ python -m ruff check .
 export ARBORL_PROGRESS=0
 # In CI a test whose service is missing fails instead of skipping.
 if [ "${CI:-}" = "true" ]; then export ARBORL_REQUIRE_SERVICES=1; fi
+# The default suite skips the tests marked slow (end-to-end runs over ~20 s each); CI runs them all.
+# Any argument replaces the default: `bash scripts/test.sh -m ""` runs everything here too.
+if [ "${CI:-}" != "true" ] && [ "$#" -eq 0 ]; then set -- -m "not slow"; fi
 exec python -m pytest -q -p no:cacheprovider "$@"

@@ -100,6 +100,7 @@ def test_starpo_s_with_every_stabiliser_runs_through_the_cli(sft, tmp_path):
         assert "loss/kl" not in r and "critic/loss" in r
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("credit", [["rl.credit=turn_ppo", "rl.critic=separate"], ["rl.credit=archer"]])
 def test_resume_with_a_critic_continues_exactly(sft, tmp_path, credit):
     from safetensors.torch import load_file

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 
+import pytest
 from clikit import arborl, sets
 
 from arborl.store import open_store
@@ -32,6 +33,7 @@ def _stored(run):
     return sorted(out, key=repr)
 
 
+@pytest.mark.slow
 def test_async_store_gives_the_same_run_and_the_same_store(tmp_path):
     runs = {}
     for flag in ("false", "true"):

@@ -30,6 +30,7 @@ def test_train_end_to_end_writes_outputs(tmp_path):
             assert store.count(source=source) > 0, source
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly(tmp_path):
     straight, split = tmp_path / "straight", tmp_path / "split"
     base = ["rl.iterations=4", "rl.eval_every=0", "rl.checkpoint_every=2"]

@@ -32,6 +32,7 @@ def test_rl_rolls_out_through_arborl_serve_and_syncs_weights_every_iteration(tmp
     assert len(rl_rows) == 2 and all(r["train/env_errors"] == 0 for r in rl_rows)
 
 
+@pytest.mark.slow
 def test_http_backend_config_errors_name_the_fix(tmp_path):
     base = sets(tmp_path / "run", ['stages=["rl"]'])
     p = arborl("rl", "examples/frozenlake.toml", *base, "--set", 'policy.backend="http"', check=False)
