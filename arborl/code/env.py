@@ -46,10 +46,9 @@ from arborl.code.data import read_jsonl
 from arborl.code.problems import Problem, family_words, generate_problem
 from arborl.config import ConfigError
 from arborl.env.tool_env import Task, ToolEnv
-from arborl.finqa.env import CompactHermes
 from arborl.sandbox import BACKENDS, Limits, Sandbox, SandboxError
 from arborl.sandbox.core import probe_backend
-from arborl.tools.formats import HermesFormat
+from arborl.tools.formats import hermes_format
 from arborl.tools.python_tool import TestCase, format_result, score_solution
 from arborl.tools.services import shared_service
 
@@ -266,8 +265,6 @@ def code_env(*, train_file: str = "", test_file: str = "", heldout_from: int = 1
         ConfigError: An unknown backend or prompt style, or a share out of range.
         SchemaError: A problems file is missing or malformed.
     """
-    if tool_prompt not in ("hermes", "compact"):
-        raise ConfigError(f"env.kwargs.tool_prompt = {tool_prompt!r}; use 'hermes' or 'compact'")
     if not 0 < test_frac < 1 or not 0 <= bugfix_frac <= 1:
         raise ConfigError(f"env.kwargs: test_frac = {test_frac} must be in (0, 1) and bugfix_frac = {bugfix_frac} "
                           "in [0, 1]")
@@ -287,7 +284,7 @@ def code_env(*, train_file: str = "", test_file: str = "", heldout_from: int = 1
 
     source = CodeTasks(problem, box)
     runner = VisibleTestRunner(box, source.get)
-    env = ToolEnv(source, [runner], source.reward, call_format=HermesFormat() if tool_prompt == "hermes" else CompactHermes(),
+    env = ToolEnv(source, [runner], source.reward, call_format=hermes_format(tool_prompt),
                   max_steps=max_steps, call_timeout_s=wall_s + 10.0, system_prompt=INSTRUCTIONS,
                   instructions=instructions, task_type="code", expert=source.expert, metrics=source.metrics)
     env.vocabulary = tuple(family_words()) + ("visible", "tests", ":", "/", "passed", "<answer>",  # type: ignore[attr-defined]

@@ -31,7 +31,6 @@ import functools
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from arborl.config import ConfigError
@@ -40,7 +39,7 @@ from arborl.finqa.data import Example, generate_example, number_words, read_json
 from arborl.finqa.reward import score
 from arborl.sandbox import BACKENDS, Sandbox
 from arborl.tools.calculator import calculator as evaluate_expression
-from arborl.tools.formats import HermesFormat, ParsedTurn
+from arborl.tools.formats import hermes_format
 from arborl.tools.function import FunctionTool
 from arborl.tools.python_tool import PythonTool
 
@@ -71,34 +70,6 @@ class SandboxedPython:
     def release(self, instance: PythonTool) -> None:
         """Close the episode's sandbox."""
         instance.sandbox.close()
-
-
-@dataclass(frozen=True)
-class CompactHermes:
-    """Hermes JSON calls and ``<tool_response>`` results, with a one-line-per-tool prompt.
-
-    The calls, parsing and results are :class:`~arborl.tools.formats.HermesFormat`'s; only the
-    instructions are shorter (the tool names and argument names, no JSON schemas), so a small
-    from-scratch policy's context holds the statement rather than the protocol. A real instruct
-    model gets the full Hermes prompt (``tool_prompt = "hermes"``).
-    """
-
-    hermes: HermesFormat = field(default_factory=HermesFormat)
-    name: str = "hermes"
-
-    def instructions(self, tools: Sequence[Any]) -> str:
-        """One line per tool and the call and answer syntax."""
-        lines = " ; ".join(f"{t.name} ( {' , '.join(t.parameters.get('properties', {}))} ) : {t.description}" for t in tools)
-        return (f"Tools : {lines} . Call : <tool_call> {{\"name\": ..., \"arguments\": {{...}}}} </tool_call> . "
-                "Answer : <answer> ... </answer> .")
-
-    def parse(self, text: str) -> ParsedTurn:
-        """As :meth:`HermesFormat.parse`."""
-        return self.hermes.parse(text)
-
-    def render(self, results: Sequence[str]) -> str:
-        """As :meth:`HermesFormat.render`."""
-        return self.hermes.render(results)
 
 
 def calculator(expression: str) -> str:
@@ -158,8 +129,6 @@ def finqa_env(*, train_file: str = "", test_file: str = "", heldout_from: int = 
     """
     if sandbox != "none" and sandbox not in BACKENDS:
         raise ConfigError(f"env.kwargs.sandbox = {sandbox!r}; choose one of {sorted(BACKENDS)} or 'none'")
-    if tool_prompt not in ("hermes", "compact"):
-        raise ConfigError(f"env.kwargs.tool_prompt = {tool_prompt!r}; use 'hermes' or 'compact'")
     if not 0 <= oracle_error <= 1:
         raise ConfigError(f"env.kwargs.oracle_error = {oracle_error}; give a share in [0, 1]")
     train = _file(train_file) if train_file else None
@@ -183,7 +152,7 @@ def finqa_env(*, train_file: str = "", test_file: str = "", heldout_from: int = 
         return calculator_call(expression)
 
     tools: list[Any] = [CALCULATOR] + ([SandboxedPython(sandbox)] if sandbox != "none" else [])
-    env = ToolEnv(lambda seed: task_of(example(seed)), tools, reward, call_format=HermesFormat() if tool_prompt == "hermes" else CompactHermes(),
+    env = ToolEnv(lambda seed: task_of(example(seed)), tools, reward, call_format=hermes_format(tool_prompt),
                   max_steps=max_steps, system_prompt=INSTRUCTIONS, instructions=instructions,
                   task_type="finqa", expert=expert, deterministic=oracle_error == 0, call_timeout_s=10.0)
     env.vocabulary = number_words()  # type: ignore[attr-defined]

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from arborl.config import ConfigError
 from arborl.tools.base import Tool
 
 
@@ -265,3 +266,47 @@ class HermesFormat:
 
 FORMATS: dict[str, type[SearchR1Format] | type[HermesFormat]] = {"search_r1": SearchR1Format, "hermes": HermesFormat}
 """Formats by the name a recipe gives (``tool_format = "hermes"``)."""
+
+
+@dataclass(frozen=True)
+class CompactHermes:
+    """Hermes JSON calls and ``<tool_response>`` results, with a one-line-per-tool prompt.
+
+    The calls, parsing and results are :class:`~arborl.tools.formats.HermesFormat`'s; only the
+    instructions are shorter (the tool names and argument names, no JSON schemas), so a small
+    from-scratch policy's context holds the statement rather than the protocol. A real instruct
+    model gets the full Hermes prompt (:func:`hermes_format` ``"hermes"``).
+    """
+
+    hermes: HermesFormat = field(default_factory=HermesFormat)
+    name: str = "hermes"
+
+    def instructions(self, tools: Sequence[Any]) -> str:
+        """One line per tool and the call and answer syntax."""
+        lines = " ; ".join(f"{t.name} ( {' , '.join(t.parameters.get('properties', {}))} ) : {t.description}" for t in tools)
+        return (f"Tools : {lines} . Call : <tool_call> {{\"name\": ..., \"arguments\": {{...}}}} </tool_call> . "
+                "Answer : <answer> ... </answer> .")
+
+    def parse(self, text: str) -> ParsedTurn:
+        """As :meth:`HermesFormat.parse`."""
+        return self.hermes.parse(text)
+
+    def render(self, results: Sequence[str]) -> str:
+        """As :meth:`HermesFormat.render`."""
+        return self.hermes.render(results)
+
+
+def hermes_format(tool_prompt: str) -> HermesFormat | CompactHermes:
+    """The Hermes call format a tool recipe's ``env.kwargs.tool_prompt`` names.
+
+    ``"hermes"``: the full prompt with the tools' JSON schemas (what a real instruct model's chat
+    template expects); ``"compact"``: :class:`CompactHermes`'s one line per tool.
+
+    Raises:
+        ConfigError: any other value.
+    """
+    if tool_prompt == "hermes":
+        return HermesFormat()
+    if tool_prompt == "compact":
+        return CompactHermes()
+    raise ConfigError(f"env.kwargs.tool_prompt = {tool_prompt!r}; use 'hermes' or 'compact'")
