@@ -73,6 +73,7 @@ class Filters:
         min_iteration: ``iteration >= min_iteration``.
         max_iteration: ``iteration <= max_iteration``.
         success: ``True``/``False`` keeps scored episodes that succeeded/failed.
+        stop_reason: Exact stop reason (``"terminated"``, ``"env_error"``, ``"max_context"``, ...).
     """
 
     task_type: str | None = None
@@ -87,6 +88,7 @@ class Filters:
     min_iteration: int | None = None
     max_iteration: int | None = None
     success: bool | None = None
+    stop_reason: str | None = None
 
     @classmethod
     def make(cls, **kw: Any) -> Filters:
@@ -118,6 +120,7 @@ class Filters:
             self.min_iteration is None or row.iteration >= self.min_iteration,
             self.max_iteration is None or row.iteration <= self.max_iteration,
             self.success is None or row.success is self.success,
+            self.stop_reason is None or row.stop_reason == self.stop_reason,
         )
         return all(checks)
 
@@ -223,11 +226,12 @@ class TrajectoryStore(Protocol):
         """Episodes in the order of ``episode_ids``; :class:`EpisodeNotFound` if one is absent."""
         ...
 
-    def query(self, *, limit: int = 100, cursor: str | None = None, **filters: Any) -> Page:
-        """A page of matching episodes, newest first."""
+    def query(self, *, limit: int = 100, cursor: str | None = None, order: str = "newest", **filters: Any) -> Page:
+        """A page of matching episodes, newest first (``order="oldest"``: oldest first)."""
         ...
 
-    def query_index(self, *, limit: int = 100, cursor: str | None = None, **filters: Any) -> tuple[list[IndexRow], str | None]:
+    def query_index(self, *, limit: int = 100, cursor: str | None = None, order: str = "newest",
+                    **filters: Any) -> tuple[list[IndexRow], str | None]:
         """Like :meth:`query`, returning index rows only (no body reads)."""
         ...
 

@@ -40,11 +40,12 @@ def _add_filters(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-iteration", type=int)
     g.add_argument("--max-iteration", type=int)
     g.add_argument("--success", choices=("true", "false"), help="scored episodes that succeeded / failed")
+    g.add_argument("--stop-reason", help="exact stop reason: terminated, truncated, env_error, max_context, ...")
 
 
 def _filters(args: argparse.Namespace) -> dict[str, Any]:
     keys = ("task_type", "min_reward", "max_reward", "since", "until", "policy_version", "tags", "source",
-            "iteration", "min_iteration", "max_iteration")
+            "iteration", "min_iteration", "max_iteration", "stop_reason")
     f = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
     if getattr(args, "success", None) is not None:
         f["success"] = args.success == "true"

@@ -130,30 +130,35 @@ class BaseStore(ABC):
         raise StoreError(f"a chain of continuations in {sorted(got)} does not end in a stored trunk within "
                          f"{_MAX_DEPTH} levels; check their origins")
 
-    def _page(self, limit: int, cursor: str | None, filters: dict[str, Any]) -> tuple[list[IndexRow], str | None]:
+    def _page(self, limit: int, cursor: str | None, order: str,
+              filters: dict[str, Any]) -> tuple[list[IndexRow], str | None]:
         check_limit(limit)
+        if order not in ("newest", "oldest"):
+            raise ValueError(f"order must be 'newest' or 'oldest', got {order!r}")
         after = decode_cursor(cursor) if cursor else None
-        got = self._rows(Filters.make(**filters), descending=True, limit=limit + 1, after=after)
+        got = self._rows(Filters.make(**filters), descending=order == "newest", limit=limit + 1, after=after)
         more = len(got) > limit
         got = got[:limit]
         nxt = encode_cursor(got[-1][0].created_at, got[-1][1]) if more else None
         return [r for r, _ in got], nxt
 
-    def query(self, *, limit: int = 100, cursor: str | None = None, **filters: Any) -> Page:
+    def query(self, *, limit: int = 100, cursor: str | None = None, order: str = "newest",
+              **filters: Any) -> Page:
         """A page of matching episodes, newest first; pass ``page.next_cursor`` for the next page.
 
         Args:
             limit: Page size.
-            cursor: ``next_cursor`` of the previous page.
+            cursor: ``next_cursor`` of the previous page (of the same order).
+            order: ``"newest"`` (default) or ``"oldest"`` first, by ``created_at``, ties by insertion order.
             **filters: Keyword filters of :class:`~arborl.store.base.Filters`.
         """
-        rows, nxt = self._page(limit, cursor, filters)
+        rows, nxt = self._page(limit, cursor, order, filters)
         return Page(self._load_many(rows), nxt)
 
-    def query_index(self, *, limit: int = 100, cursor: str | None = None,
+    def query_index(self, *, limit: int = 100, cursor: str | None = None, order: str = "newest",
                     **filters: Any) -> tuple[list[IndexRow], str | None]:
         """Like :meth:`query` but returns index rows only (no body reads)."""
-        return self._page(limit, cursor, filters)
+        return self._page(limit, cursor, order, filters)
 
     def iter_rows(self, *, batch_size: int = 1000, **filters: Any) -> Iterator[IndexRow]:
         """Every matching index row, oldest first, read in keyset pages."""
@@ -265,7 +270,7 @@ def sql_where(f: Filters, ph: str) -> tuple[list[str], list[Any]]:
         ("created_at", ">=", f.since), ("created_at", "<", f.until),
         ("policy_version", "=", f.policy_version), ("source", "=", f.source),
         ("iteration", "=", f.iteration), ("iteration", ">=", f.min_iteration),
-        ("iteration", "<=", f.max_iteration),
+        ("iteration", "<=", f.max_iteration), ("stop_reason", "=", f.stop_reason),
     ):
         if val is not None:
             conds.append(f"{col} {op} {ph}")

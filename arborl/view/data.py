@@ -6,9 +6,8 @@ shared by the web API (:mod:`arborl.view.api`) and the terminal view (:mod:`arbo
 Definitions:
 
 * **Episode list pages** are keyset pages of index rows, newest or oldest first, with the
-  store's own cursors. The store's filters run in the backend; ``stop_reason`` (the index has
-  it, the store's filters do not) is applied to the rows the backend returns, scanning at most
-  :data:`SCAN_LIMIT` rows per page: a page may then be short and still carry a ``next_cursor``.
+  store's own cursors (:meth:`~arborl.store.base.TrajectoryStore.query_index`); every filter,
+  ``stop_reason`` included, runs in the backend.
 * **A group** is the episodes sharing ``group_id`` with a given episode. The store indexes no
   group id, so they are found among the episodes of the same task type and iteration created
   within :data:`GROUP_WINDOW_S` seconds of it (a rollout group and its branches are written by
@@ -28,11 +27,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from arborl.store.base import Filters, IndexRow, decode_cursor, encode_cursor
+from arborl.store.base import IndexRow
 from arborl.trajectory.schema import Episode, Turn
 
-SCAN_LIMIT = 20_000
-"""Most index rows one list page reads when ``stop_reason`` filters rows after the backend."""
 GROUP_WINDOW_S = 3600.0
 """Half-width of the creation-time window in which a group's episodes are looked for."""
 GROUP_SCAN_LIMIT = 50_000
@@ -56,33 +53,15 @@ def list_page(store: Any, filters: dict[str, Any], *, stop_reason: str | None = 
     Raises:
         ValueError: a bad order, limit or cursor, or an unknown filter.
     """
-    if order not in ("newest", "oldest"):
-        raise ValueError(f"order must be 'newest' or 'oldest', got {order!r}")
     if not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
+    if stop_reason is not None:
+        filters = {**filters, "stop_reason": stop_reason}
     try:
-        f = Filters.make(**filters)
-    except TypeError as e:
+        rows, nxt = store.query_index(limit=limit, cursor=cursor, order=order, **filters)
+    except TypeError as e:  # an unknown filter name
         raise ValueError(str(e)) from None
-    after = decode_cursor(cursor) if cursor else None
-    # The keyset primitive every backend provides (BaseStore._rows): query_index pages newest first
-    # only, and the list also pages oldest first and filters on stop_reason with the same cursors.
-    out: list[IndexRow] = []
-    scanned = 0
-    batch = limit + 1 if stop_reason is None else 1000
-    while True:
-        got = store._rows(f, descending=order == "newest", limit=batch, after=after)
-        for row, key in got:
-            scanned += 1
-            if stop_reason is None or row.stop_reason == stop_reason:
-                if len(out) == limit:  # one more match exists: the page is full and has a next page
-                    return {"episodes": [r.to_dict() for r in out], "next_cursor": encode_cursor(*after)}
-                out.append(row)
-            after = (row.created_at, key)
-            if scanned >= SCAN_LIMIT and stop_reason is not None:
-                return {"episodes": [r.to_dict() for r in out], "next_cursor": encode_cursor(*after)}
-        if len(got) < batch:
-            return {"episodes": [r.to_dict() for r in out], "next_cursor": None}
+    return {"episodes": [r.to_dict() for r in rows], "next_cursor": nxt}
 
 
 def _num(x: Any) -> Any:

@@ -85,8 +85,30 @@ def test_query_filters_and_newest_first(store_url):
         assert q(since=since) == ["ep000003", "ep000002"]
         assert q(since=since.replace(tzinfo=None)) == ["ep000003", "ep000002"]  # naive = UTC
         assert store.count(task_type="search", min_reward=2.0) == 2
+        assert q(order="oldest", task_type="search") == ["ep000000", "ep000001", "ep000003"]
+        with pytest.raises(ValueError, match="order must be 'newest' or 'oldest'"):
+            store.query(order="sideways")
         with pytest.raises(TypeError, match="unknown store filter"):
             store.query(task=1)
+
+
+def test_stop_reason_filter_pages_both_orders(store_url):
+    eps = [make_episode(i, created_at=100.0 + i // 3) for i in range(9)]  # ties within each third
+    for e in eps[1::3]:
+        e.stop_reason = "env_error"
+    with open_store(store_url) as store:
+        store.put_many(eps)
+        assert store.count(stop_reason="env_error") == 3
+        for order, expect in (("oldest", ["ep000000", "ep000002", "ep000003", "ep000005", "ep000006", "ep000008"]),
+                              ("newest", ["ep000008", "ep000006", "ep000005", "ep000003", "ep000002", "ep000000"])):
+            seen, cursor = [], None
+            while True:
+                rows, cursor = store.query_index(limit=4, cursor=cursor, order=order, stop_reason="terminated")
+                seen += [r.episode_id for r in rows]
+                if cursor is None:
+                    break
+            assert seen == expect
+        assert [r.episode_id for r in store.iter_rows(stop_reason="env_error")] == ["ep000001", "ep000004", "ep000007"]
 
 
 def test_pagination_covers_everything_once_with_equal_timestamps(store_url):

@@ -49,18 +49,21 @@ def test_list_filters(client):
     assert client.get("/api/count", params={"success": "true"}).json() == {"count": 4}
 
 
-def test_stop_reason_scan_is_capped_and_resumes(client, monkeypatch):
-    monkeypatch.setattr(data, "SCAN_LIMIT", 2)  # a page reads 2 rows at most: short pages, each with a cursor
-    seen, cursor, pages = [], None, 0
-    while True:
-        r = client.get("/api/episodes", params={"stop_reason": "terminated", **({"cursor": cursor} if cursor else {})})
-        seen += ids(r)
-        pages += 1
-        cursor = r.json()["next_cursor"]
-        if cursor is None:
-            break
-    assert seen == [e for e in NEWEST_FIRST if e != "err"]
-    assert pages >= 3
+def test_stop_reason_filter_pages_in_the_backend(client):
+    for order, expect in (("newest", NEWEST_FIRST), ("oldest", NEWEST_FIRST[::-1])):
+        seen, cursor, pages = [], None, 0
+        while True:
+            r = client.get("/api/episodes", params={"stop_reason": "terminated", "limit": 2, "order": order,
+                                                    **({"cursor": cursor} if cursor else {})})
+            got = ids(r)
+            assert len(got) == 2 or r.json()["next_cursor"] is None  # full pages until the last one
+            seen += got
+            pages += 1
+            cursor = r.json()["next_cursor"]
+            if cursor is None:
+                break
+        assert seen == [e for e in expect if e != "err"]
+        assert pages == (len(seen) + 1) // 2
 
 
 @pytest.mark.parametrize(("params", "words"), [
