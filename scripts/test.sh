@@ -24,5 +24,10 @@ export ARBORL_PROGRESS=0
 if [ "${CI:-}" = "true" ]; then export ARBORL_REQUIRE_SERVICES=1; fi
 # The default suite skips the tests marked slow (end-to-end runs over ~20 s each); CI runs them all.
 # Any argument replaces the default: `bash scripts/test.sh -m ""` runs everything here too.
-if [ "${CI:-}" != "true" ] && [ "$#" -eq 0 ]; then set -- -m "not slow"; fi
+# Test files are spread over one worker process per core (pytest-xdist; each file stays on one
+# worker, so module fixtures are built once); ARBORL_TEST_WORKERS=0 runs them in this process.
+if [ "$#" -eq 0 ]; then
+  if [ "${CI:-}" != "true" ]; then set -- -m "not slow"; fi
+  set -- "$@" -n "${ARBORL_TEST_WORKERS:-auto}" --dist loadfile
+fi
 exec python -m pytest -q -p no:cacheprovider "$@"
