@@ -360,6 +360,13 @@ class RLConfig:
     """Write each iteration's episodes to the store on a background thread and train on them from
     memory (the same batch a read-back gives); a failed write stops the run at the next iteration.
     False: write and read back on the critical path, as before."""
+    max_staleness: int = 0
+    """Asynchronous rollouts (docs/async.md): a background thread samples the next iterations' batches while
+    the update runs, at most this many policy versions behind the weights they train; the update corrects
+    with decoupled PPO. 0: rollout and update alternate (synchronous). A resumed asynchronous run re-draws
+    the batches that were in flight, so it is not bit-identical to an uninterrupted one."""
+    behav_cap: float = 5.0
+    """``max_staleness >= 1``: truncation of decoupled PPO's behaviour weight pi_prox / pi_behav per token."""
     grad_clip: float = 1.0
     """Clip the global gradient norm of every optimizer step to this value."""
     weight_decay: float = 0.0
@@ -379,12 +386,14 @@ class RLConfig:
                         "grad_clip", "checkpoint_keep", "tree_k", "tree_nodes")
         if not 0 <= self.clip_low < 1 or self.clip_high < 0:
             raise ValueError(f"rl.clip_low must be in [0, 1) and rl.clip_high >= 0 (got {self.clip_low}, {self.clip_high})")
+        if not self.behav_cap >= 1:
+            raise ValueError(f"rl.behav_cap is {self.behav_cap}; truncate the behaviour weight at 1 or more (5 is usual)")
         if self.clip_c <= 1:
             raise ValueError(f"rl.clip_c is {self.clip_c}; the dual-clip constant must be > 1 (3 is usual)")
         if not 0 <= self.gamma <= 1:
             raise ValueError(f"rl.gamma is {self.gamma}; use a discount in [0, 1]")
         for name in ("kl_coef", "entropy_coef", "weight_decay", "warmup_iters", "checkpoint_every", "eval_every",
-                     "update_threads", "max_env_steps"):
+                     "update_threads", "max_env_steps", "max_staleness"):
             if getattr(self, name) < 0:
                 raise ValueError(f"rl.{name} must be >= 0, got {getattr(self, name)!r}")
         self._check_credit()
