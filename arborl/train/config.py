@@ -6,6 +6,7 @@ the command line with ``--set section.field=value``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -52,6 +53,12 @@ class EnvSpec:
             )
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 @dataclass(frozen=True)
 class PolicySpec:
     """The model: built from a config with a locally trained tokenizer, or loaded from a local path."""
@@ -76,6 +83,10 @@ class PolicySpec:
     autocast: Literal["none", "bf16"] = "none"
     """RL update: run the training forward in bfloat16 autocast (weights stay float32; rollouts and reference
     log-probs stay float32, so the ratio at the behaviour policy is only approximately 1)."""
+    device: str = "auto"
+    """Where SFT, mid-training and RL train (model, reference, optimizer state, batches) and RL rollouts run:
+    ``auto`` (CUDA when torch sees a GPU, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``. The final
+    ``eval`` stage and ``arborl serve`` pick their own device."""
     backend: Literal["local", "http"] = "local"
     """Where RL rollouts are generated: ``local`` in this process, ``http`` on the generation servers of
     ``urls`` (``arborl serve``, vLLM, SGLang; docs/serve.md), which get the new weights after every update."""
@@ -108,6 +119,10 @@ class PolicySpec:
         bad = [u for u in self.urls if not u.startswith(("http://", "https://"))]
         if bad:
             raise ConfigError(f"policy.urls: {bad} are not http(s) URLs; write them as http://HOST:PORT")
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ConfigError(f"policy.device is {self.device!r}; use auto (CUDA when present), cpu, cuda or cuda:N")
+        if self.device.startswith("cuda") and not _cuda_available():
+            raise ConfigError(f"policy.device = {self.device!r} but torch sees no GPU here; use auto or cpu")
         if self.lora_rank < 0 or self.lora_alpha < 0:
             raise ConfigError("policy.lora_rank and policy.lora_alpha must be >= 0 (lora_rank 0: no adapter)")
         if self.http_retries < 0 or not self.http_timeout_s > 0:

@@ -42,7 +42,15 @@ from arborl.credit import StepBatch, credit_on_groups, starpo_s_groups
 from arborl.env import Env
 from arborl.loss import ppo_clip_loss
 from arborl.policy import load_policy, save_policy, token_logprobs, token_logprobs_and_entropy
-from arborl.policy.model import add_lora, is_lora, load_weights, save_adapter, set_training_options
+from arborl.policy.model import (
+    add_lora,
+    is_lora,
+    load_weights,
+    resolve_device,
+    save_adapter,
+    set_training_options,
+    to_device,
+)
 from arborl.rollout import RolloutConfig, run_episodes
 from arborl.rollout.branch import branch_specs
 from arborl.rollout.http_policy import rollout_policy
@@ -156,12 +164,16 @@ def _learner(cfg: TrainConfig, start_path: Path, resume_from: Path | None, env_s
              credit_model: CreditModel | None = None) -> tuple[_Learner, int]:
     """The policy, reference, optimizer and RNG streams at the start (or at checkpoint ``resume_from``)."""
     rc = cfg.rl
-    model, tok = load_policy(start_path)
+    device = resolve_device(cfg.policy.device)
+    if credit_model is not None and device.type != "cpu":
+        raise ConfigError(f"rl.credit = {rc.credit!r} trains its credit model on the CPU only; set policy.device = \"cpu\" "
+                          "or choose a credit estimator without a model (grpo, rloo, gigpo, best_step, tree)")
+    model, tok = load_policy(start_path, device=device)
     if cfg.policy.lora_rank:  # only the adapter trains; the reference below stays the plain start policy
         model = add_lora(model, rank=cfg.policy.lora_rank, alpha=cfg.policy.lora_alpha or None, base=start_path)
     set_training_options(model, gradient_checkpointing=cfg.policy.gradient_checkpointing, autocast=cfg.policy.autocast)
     model.eval()  # no dropout: behaviour and training log-probs must match
-    ref = load_policy(start_path)[0].eval().requires_grad_(False) if rc.kl_coef > 0 else None
+    ref = load_policy(start_path, device=device)[0].eval().requires_grad_(False) if rc.kl_coef > 0 else None
     opt = torch.optim.AdamW(freeze_embeddings(model, cfg.policy.frozen_embeddings), lr=rc.lr,
                             weight_decay=rc.weight_decay, betas=(0.9, 0.99))
     lrn = _Learner(model, tok, ref, opt, torch.Generator().manual_seed(cfg.seed + 2),
@@ -339,15 +351,16 @@ def _learn(cfg: TrainConfig, it: int, lrn: _Learner, ro: Rollout, store, credit:
     rows = keep.nonzero()[:, 0] if it >= rc.critic_warmup else keep.nonzero()[:0, 0]  # warm-up: critic only
     terms = {}
     if len(rows):
-        kept = batch.select(rows)
+        device = next(lrn.model.parameters()).device  # policy.device: the batch joins the model there
+        kept = to_device(batch.select(rows), device)
         temp = cfg.rollout.sampling.logprob_temperature
         with phase("ref_logp"), torch_threads(rc.update_threads):
             ref_logp = None if lrn.ref is None else _ref_logprobs(lrn.ref, kept, rc.minibatch_size, temp)
             # a stale batch (rl.max_staleness): decoupled PPO's proximal policy is the one before this update
             prox_logp = _ref_logprobs(lrn.model, kept, rc.minibatch_size, temp) if ro.version != it else None
         with phase("update"), torch_threads(rc.update_threads):
-            terms = _update(lrn.model, lrn.opt, cfg, kept, adv[rows, : kept.input_ids.shape[1]], ref_logp, lrn.gen,
-                            prox_logp)
+            terms = _update(lrn.model, lrn.opt, cfg, kept, adv[rows, : kept.input_ids.shape[1]].to(device), ref_logp,
+                            lrn.gen, prox_logp)
     if ctx is not None:
         with phase("credit"):  # the credit model's training counts as credit time
             terms |= lrn.credit_model.fit(ctx)
