@@ -6,6 +6,7 @@ the command line with ``--set section.field=value``.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -87,9 +88,13 @@ class PolicySpec:
     """Where SFT, mid-training and RL train (model, reference, optimizer state, batches) and RL rollouts run:
     ``auto`` (CUDA when torch sees a GPU, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``. The final
     ``eval`` stage and ``arborl serve`` pick their own device."""
-    backend: Literal["local", "http"] = "local"
+    backend: Literal["local", "http", "vllm"] = "local"
     """Where RL rollouts are generated: ``local`` in this process, ``http`` on the generation servers of
-    ``urls`` (``arborl serve``, vLLM, SGLang; docs/serve.md), which get the new weights after every update."""
+    ``urls`` (``arborl serve``, vLLM, SGLang; docs/serve.md), which get the new weights after every update,
+    ``vllm`` on an in-process vLLM engine on the GPU (extra ``arborl[vllm]``; docs/serve.md)."""
+    vllm_gpu_memory_utilization: float = 0.4
+    """``backend = "vllm"``: the share of GPU memory vLLM may take for weights and KV cache (the trainer
+    shares the GPU)."""
     urls: list[str] = field(default_factory=list)
     """``backend = "http"``: server roots, e.g. ``["http://127.0.0.1:8000"]``; episodes are spread over them,
     each sticking to one server."""
@@ -123,6 +128,13 @@ class PolicySpec:
             raise ConfigError(f"policy.device is {self.device!r}; use auto (CUDA when present), cpu, cuda or cuda:N")
         if self.device.startswith("cuda") and not _cuda_available():
             raise ConfigError(f"policy.device = {self.device!r} but torch sees no GPU here; use auto or cpu")
+        if self.backend == "vllm" and importlib.util.find_spec("vllm") is None:  # refused before any stage runs
+            from arborl.rollout.vllm_policy import MISSING
+
+            raise ConfigError(MISSING)
+        if not 0 < self.vllm_gpu_memory_utilization < 1:
+            raise ConfigError(f"policy.vllm_gpu_memory_utilization is {self.vllm_gpu_memory_utilization}; use a "
+                              "fraction in (0, 1), e.g. 0.4")
         if self.lora_rank < 0 or self.lora_alpha < 0:
             raise ConfigError("policy.lora_rank and policy.lora_alpha must be >= 0 (lora_rank 0: no adapter)")
         if self.http_retries < 0 or not self.http_timeout_s > 0:
@@ -500,10 +512,10 @@ class TrainConfig:
             raise ConfigError(f"report_to: {bad} are unknown; choose from {list(LOGGERS)} (metrics.jsonl is always written)")
         _check_positive(self, "threads")
         self._check_branch_sampling()
-        if self.policy.backend == "http" and self.rl.branch:
-            raise ConfigError('rl.branch = true needs policy.backend = "local": a branch forces an action and scores it '
-                              "with prompt log-probs, which generation servers do not return. Set rl.branch = false "
-                              "(rl.tree works over HTTP)")
+        if self.policy.backend in ("http", "vllm") and self.rl.branch:
+            raise ConfigError(f'rl.branch = true needs policy.backend = "local" (not "{self.policy.backend}"): a branch '
+                              "forces an action and scores it with prompt log-probs, which generation servers do not "
+                              "return. Set rl.branch = false (rl.tree works over HTTP and vLLM)")
 
     def _check_branch_sampling(self) -> None:
         """Greedy branches record their forced action's log-prob at temperature 1; sampling must match."""

@@ -56,6 +56,7 @@ from arborl.rollout.branch import branch_specs
 from arborl.rollout.http_policy import rollout_policy
 from arborl.rollout.kvcache import PrefixCache
 from arborl.rollout.tree import tree_specs
+from arborl.rollout.vllm_policy import vllm_rollout_policy
 from arborl.tools.metrics import episode_metrics, tool_metrics
 from arborl.train.advantages import record_advantages
 from arborl.train.async_rollout import Rollout, RolloutWorker
@@ -294,7 +295,8 @@ def _rollout(cfg: TrainConfig, it: int, model, tok, gen: torch.Generator, task_g
     offsets = torch.randint(0, cfg.env.train_seed_count, (rc.tasks_per_iter,), generator=task_gen).tolist()
     seeds = [cfg.env.train_seed_start + o for o in offsets]
     specs = specs_for(cfg, task_type, seeds, group_size=rc.group_size, group_prefix=f"rl{it}")
-    policy = rollout_policy(cfg.policy, model, tok, version, Path(cfg.run_dir) / "policy" / "serving")
+    backend = vllm_rollout_policy if cfg.policy.backend == "vllm" else rollout_policy
+    policy = backend(cfg.policy, model, tok, version, Path(cfg.run_dir) / "policy" / "serving")
     trunk_kv = PrefixCache() if rc.branch or rc.tree else None  # trunk caches for the continuations
     with phase("rollout"):
         rolled = run_episodes(policy, make_env, specs, cfg.rollout, generator=gen,
