@@ -3,8 +3,8 @@
 Loads a FrozenLake policy (``--policy``, e.g. a demo run's ``policy/sft``) and times, with one
 torch thread per side as the demo runs:
 
-* ``R``: one rollout of ``--episodes`` FrozenLake episodes (the kept-cache engine);
-* ``U``: ``--epochs`` PPO-clip passes over those episodes (forward, backward, AdamW);
+* ``R``: one rollout of ``--rollout-episodes`` FrozenLake episodes (the kept-cache engine);
+* ``U``: ``--epochs`` PPO-clip passes over a batch of ``--episodes`` episodes (forward, backward, AdamW);
 * ``thread``: R on a second thread while U runs on the main one (what ``RolloutWorker`` does);
 * ``process``: R in a second process while U runs in this one (the upper bound a worker process
   could reach: no weights or episodes cross the boundary here).
@@ -13,7 +13,7 @@ Perfect overlap on two free cores takes ``max(R, U)``; no overlap takes ``R + U`
 other processes load, every figure includes their share of the cores: run it alone for clean
 numbers, and compare thread with process in the same run.
 
-Usage: ``python bench/async_overlap.py --policy runs/frozenlake/policy/sft [--episodes 64]``
+Usage: ``python bench/async_overlap.py --policy runs/frozenlake/policy/sft [--episodes 64] [--rollout-episodes 512]``
 """
 
 from __future__ import annotations
@@ -102,17 +102,19 @@ def update_fn(policy_dir: str, episodes: int, epochs: int):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--policy", required=True)
-    ap.add_argument("--episodes", type=int, default=64)
+    ap.add_argument("--episodes", type=int, default=64, help="episodes of the update's batch")
+    ap.add_argument("--rollout-episodes", type=int, default=512,
+                    help="episodes of the rollout (the demo's group + branch rollouts are ~500 episodes)")
     ap.add_argument("--epochs", type=int, default=2)
     args = ap.parse_args()
     update = update_fn(args.policy, args.episodes, args.epochs)
-    r, u = rollout(args.policy, args.episodes), update()
+    r, u = rollout(args.policy, args.rollout_episodes), update()
     ready, go = threading.Event(), threading.Event()
-    worker = threading.Thread(target=rollout, args=(args.policy, args.episodes, ready, go))
+    worker = threading.Thread(target=rollout, args=(args.policy, args.rollout_episodes, ready, go))
     thread = overlapped(update, worker.start, ready, go, worker.join)
     ctx = mp.get_context("spawn")
     q, ready, go = ctx.Queue(), ctx.Event(), ctx.Event()
-    child = ctx.Process(target=_rollout_in_child, args=(args.policy, args.episodes, q, ready, go))
+    child = ctx.Process(target=_rollout_in_child, args=(args.policy, args.rollout_episodes, q, ready, go))
     process = overlapped(update, child.start, ready, go, lambda: (q.get(), child.join()))
     print(f"R {r:.2f} s  U {u:.2f} s  R+U {r + u:.2f} s  max {max(r, u):.2f} s")
     print(f"thread  {thread:.2f} s ({(r + u) / thread:.2f}x of sequential)")

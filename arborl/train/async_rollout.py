@@ -12,22 +12,30 @@ is ever trained on more than ``k`` versions after the weights that sampled it. E
 that version (``Turn.policy_version``), and the update corrects for the gap with decoupled PPO
 (:func:`arborl.loss.ppo_clip_loss` with ``prox_logp``; docs/async.md says why).
 
-A thread, not a process: the rollout's Python overhead holds the GIL between tiny torch ops, but
-torch releases it inside every kernel, and the measured overlap (docs/async.md) is what a second
-process would buy without pickling envs, episodes and weights across a process boundary.
+Two workers with the same protocol: :class:`RolloutProcess` (``rl.rollout_worker = "process"``,
+the default) samples in a second interpreter that builds its own envs from ``cfg.env`` and its own
+policy copy, and gets each version's weights as a state dict over a queue; :class:`RolloutWorker`
+(``"thread"``) samples on a thread of this process from a deep copy of the model. With a small
+model both the rollout and the update are mostly Python between tiny torch ops, so a thread
+shares the GIL with the update and overlapped nothing (0.91-0.95x of running them one after
+the other, ``bench/async_overlap.py``, docs/async.md), where a process did.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import queue
 import threading
+import traceback
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
+import torch.multiprocessing as mp
 from torch import Tensor
 
-from arborl.rollout.kvcache import PrefixCache
 from arborl.trajectory import Episode
 
 
@@ -38,16 +46,18 @@ class Rollout:
     Attributes:
         episodes: the group members first (``n_sampled`` of them), then tree continuations and branches.
         n_sampled: how many of ``episodes`` are group samples from the start state.
-        trunk_kv: the trunk caches the continuations started from (``None`` without branches or trees).
         version: the policy version (updates applied) whose weights sampled them.
         seconds: wall seconds of the ``rollout`` and ``branch`` phases where they ran.
+        prefix_reused: trunk-cache tokens the continuations reused (``train/prefix_reused``).
+        prefix_prefilled: trunk-cache tokens the continuations prefilled (``train/prefix_prefilled``).
     """
 
     episodes: list[Episode]
     n_sampled: int
-    trunk_kv: PrefixCache | None
     version: int
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    prefix_reused: int = 0
+    prefix_prefilled: int = 0
 
 
 Sampler = Callable[[int, torch.nn.Module, int], Rollout]
@@ -153,3 +163,94 @@ class RolloutWorker:
                 self._cond.notify_all()
             if isinstance(got, BaseException):
                 return
+
+
+def plain_state(model: torch.nn.Module) -> dict[str, Tensor]:
+    """The weights a plain copy of the policy takes: a LoRA model's merged, on the CPU, detached."""
+    from arborl.policy.model import is_lora, merge_lora
+
+    plain = merge_lora(model) if is_lora(model) else model
+    return {k: v.detach().to("cpu", copy=True) for k, v in plain.state_dict().items()}
+
+
+class RolloutProcess:
+    """The :class:`RolloutWorker` protocol in a second process (``spawn``: a fresh interpreter).
+
+    Args:
+        cfg: the run's ``TrainConfig``; the process builds its envs from ``cfg.env``.
+        start_path: the checkpoint the process loads its policy copy from (the architecture; the
+            weights come from :meth:`publish`).
+        model: the policy at version ``start`` (published at once).
+        start, stop, max_staleness: as for :class:`RolloutWorker`.
+        seed: seed of the process's sampling stream.
+        task_rng: state of the task-drawing generator (the process draws the tasks from then on).
+    """
+
+    def __init__(self, cfg: Any, start_path: Path, model: torch.nn.Module, *, start: int, stop: int,
+                 max_staleness: int, seed: int, task_rng: Tensor) -> None:
+        if max_staleness < 1:
+            raise ValueError(f"max_staleness is {max_staleness}; a rollout worker needs at least 1")
+        ctx = mp.get_context("spawn")
+        self._weights, self._out = ctx.Queue(), ctx.Queue()
+        self.publish(start, model)
+        self._proc = ctx.Process(target=_process_main, name="arborl-rollout", daemon=True,
+                                 args=(cfg, Path(start_path), seed, task_rng, start, stop, max_staleness,
+                                       self._weights, self._out))
+        self._proc.start()
+
+    def publish(self, version: int, model: torch.nn.Module) -> None:
+        """Send ``model``'s current weights to the process as policy ``version``."""
+        self._weights.put((version, plain_state(model)))
+
+    def take(self, iteration: int) -> Rollout:
+        """The batch of ``iteration`` (batches arrive in order); raises the process's error, if any."""
+        while True:
+            try:
+                got_it, got = self._out.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not self._proc.is_alive():
+                    raise RuntimeError(f"the rollout process died (exit code {self._proc.exitcode}) before sampling "
+                                       f"iteration {iteration}") from None
+        if isinstance(got, BaseException):
+            raise got
+        if got_it != iteration:
+            raise RuntimeError(f"the rollout process sent iteration {got_it} where {iteration} was due")
+        return got
+
+    def close(self) -> None:
+        """Stop the process after the batch it is sampling (terminated if it does not stop in 60 s)."""
+        self._weights.put(None)
+        self._proc.join(timeout=60)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join()
+
+    def __enter__(self) -> RolloutProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _process_main(cfg: Any, start_path: Path, seed: int, task_rng: Tensor, start: int, stop: int, k: int,
+                  weights_q: Any, out_q: Any) -> None:
+    """The rollout process: sample each iteration once its version's weights have arrived."""
+    it = start
+    try:
+        from arborl.train.rl import sample_in_process
+
+        sample = sample_in_process(cfg, start_path, seed, task_rng)
+        have, loaded = -1, -1
+        weights: dict[str, Tensor] | None = None
+        for it in range(start, stop):
+            version = sampling_version(it, start, k)
+            while have < version:  # versions arrive in order; never read past the one needed
+                msg = weights_q.get()
+                if msg is None:
+                    return
+                have, weights = msg
+            out_q.put((it, sample(it, weights if loaded != have else None, version)))
+            loaded = have
+    except BaseException:  # the trainer raises it at its next take()
+        out_q.put((it, RuntimeError("the rollout process failed:\n" + traceback.format_exc())))

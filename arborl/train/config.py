@@ -392,6 +392,10 @@ class RLConfig:
     the update runs, at most this many policy versions behind the weights they train; the update corrects
     with decoupled PPO. 0: rollout and update alternate (synchronous). A resumed asynchronous run re-draws
     the batches that were in flight, so it is not bit-identical to an uninterrupted one."""
+    rollout_worker: Literal["process", "thread"] = "process"
+    """``max_staleness >= 1``: sample ahead in a second process (its own interpreter: no GIL shared with
+    the update; weights cross over as a state dict after each update) or on a thread of this one
+    (docs/async.md measures both)."""
     behav_cap: float = 5.0
     """``max_staleness >= 1``: truncation of decoupled PPO's behaviour weight pi_prox / pi_behav per token."""
     grad_clip: float = 1.0

@@ -59,7 +59,7 @@ from arborl.rollout.tree import tree_specs
 from arborl.rollout.vllm_policy import vllm_rollout_policy
 from arborl.tools.metrics import episode_metrics, tool_metrics
 from arborl.train.advantages import record_advantages
-from arborl.train.async_rollout import Rollout, RolloutWorker
+from arborl.train.async_rollout import Rollout, RolloutProcess, RolloutWorker
 from arborl.train.batch import TokenBatch, broadcast, collate, failed, length_chunks, step_batch
 from arborl.train.common import (
     load_trainer_state,
@@ -229,7 +229,7 @@ def train_rl(
     task_type, actions = _env_actions(make_env, cfg)
     shown: dict[str, float] = {}
     sink = BackgroundWriter(store) if rc.async_store else contextlib.nullcontext(store)
-    worker = _worker(cfg, lrn, make_env, actions, task_type, start_it)
+    worker = _worker(cfg, lrn, make_env, actions, task_type, start_it, start_path)
     done = start_it
     try:
         with StopRequest() as stop, sink as sink, worker or contextlib.nullcontext():
@@ -252,21 +252,50 @@ def train_rl(
 
 
 def _worker(cfg: TrainConfig, lrn: _Learner, make_env: Callable[[], Env], actions: list[str], task_type: str,
-            start_it: int) -> RolloutWorker | None:
-    """``rl.max_staleness >= 1``: the thread that samples ahead, with its own sampling stream (None: synchronous)."""
-    if not cfg.rl.max_staleness:
+            start_it: int, start_path: Path) -> RolloutWorker | RolloutProcess | None:
+    """``rl.max_staleness >= 1``: the thread or process that samples ahead (None: synchronous).
+
+    It has its own sampling stream; the update's minibatch order keeps ``lrn.gen``.
+    """
+    rc = cfg.rl
+    if not rc.max_staleness:
         return None
-    gen = torch.Generator().manual_seed(cfg.seed + 4 + start_it)  # the update's minibatch order keeps lrn.gen
+    seed = cfg.seed + 4 + start_it
+    if rc.rollout_worker == "process":
+        return RolloutProcess(cfg, start_path, lrn.model, start=start_it, stop=rc.iterations,
+                              max_staleness=rc.max_staleness, seed=seed, task_rng=lrn.task_gen.get_state())
+    gen = torch.Generator().manual_seed(seed)
 
     def sample(it: int, model, version: int) -> Rollout:
         return _rollout(cfg, it, model, lrn.tok, gen, lrn.task_gen, make_env, actions, task_type, version, PhaseTimer())
 
-    return RolloutWorker(sample, lrn.model, start=start_it, stop=cfg.rl.iterations, max_staleness=cfg.rl.max_staleness,
+    return RolloutWorker(sample, lrn.model, start=start_it, stop=rc.iterations, max_staleness=rc.max_staleness,
                          threads=cfg.threads)
 
 
+def sample_in_process(cfg: TrainConfig, start_path: Path, seed: int, task_rng: Tensor) -> Callable[..., Rollout]:
+    """The sampler of a :class:`RolloutProcess`: its own policy copy, env factory and random streams."""
+    from arborl.train.common import env_factory
+
+    torch.set_num_threads(cfg.threads)
+    model, tok = load_policy(start_path, device=resolve_device(cfg.policy.device))
+    model.requires_grad_(False)
+    make_env = env_factory(cfg.env)
+    task_type, actions = _env_actions(make_env, cfg)
+    gen, task_gen = torch.Generator().manual_seed(seed), torch.Generator()
+    task_gen.set_state(task_rng)
+
+    def sample(it: int, weights: dict[str, Tensor] | None, version: int) -> Rollout:
+        if weights is not None:
+            model.load_state_dict(weights)
+        return _rollout(cfg, it, model, tok, gen, task_gen, make_env, actions, task_type, version, PhaseTimer())
+
+    return sample
+
+
 def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], Env], store, credit: CreditFn,
-               task_type: str, actions: list[str], worker: RolloutWorker | None = None) -> dict[str, float]:
+               task_type: str, actions: list[str], worker: RolloutWorker | RolloutProcess | None = None,
+               ) -> dict[str, float]:
     """One iteration: rollout (or the ``worker``'s batch), store, credit, loss + update; returns its metrics row."""
     rc = cfg.rl
     phase = PhaseTimer()
@@ -313,14 +342,15 @@ def _rollout(cfg: TrainConfig, it: int, model, tok, gen: torch.Generator, task_g
             rolled += run_episodes(policy, make_env, branch_specs(rolled[:n_sampled], actions),
                                    _branch_rollout_config(cfg), generator=gen, policy_version=version, iteration=it,
                                    source="rl-branch", prefix_cache=trunk_kv)
-    return Rollout(rolled, n_sampled, trunk_kv, version, {k: phase.seconds[k] for k in ("rollout", "branch")})
+    return Rollout(rolled, n_sampled, version, {k: phase.seconds[k] for k in ("rollout", "branch")},
+                   trunk_kv.reused_tokens if trunk_kv else 0, trunk_kv.prefilled_tokens if trunk_kv else 0)
 
 
 def _learn(cfg: TrainConfig, it: int, lrn: _Learner, ro: Rollout, store, credit: CreditFn,
            phase: PhaseTimer) -> dict[str, float]:
     """Store, credit and update on one rolled-out batch; returns the metrics row (without evaluation)."""
     rc = cfg.rl
-    n_sampled, trunk_kv = ro.n_sampled, ro.trunk_kv
+    n_sampled = ro.n_sampled
     # store: persist (rl.async_store: in the background) and train on the episodes as stored
     with phase("store"):
         episodes = store_episodes(store, ro.episodes)
@@ -376,8 +406,8 @@ def _learn(cfg: TrainConfig, it: int, lrn: _Learner, ro: Rollout, store, credit:
         "train/success": sum(1.0 for e in episodes[:n_sampled] if e.success) / n_sampled,
         "train/reward": sum(float(e.rewards.get("return") or 0.0) for e in episodes[:n_sampled]) / n_sampled,
         "train/branches": len(episodes) - n_sampled,
-        "train/prefix_reused": trunk_kv.reused_tokens if trunk_kv else 0,
-        "train/prefix_prefilled": trunk_kv.prefilled_tokens if trunk_kv else 0,
+        "train/prefix_reused": ro.prefix_reused,
+        "train/prefix_prefilled": ro.prefix_prefilled,
         "train/invalid_frac": sum(not t.valid for e in episodes for t in e.path()) / max(1, n_turns),
         "train/turns": sum(len(e.path()) for e in episodes[:n_sampled]) / n_sampled,
         "train/adv_abs": float(adv.abs().sum() / batch.loss_mask.sum().clamp_min(1)),

@@ -35,7 +35,7 @@ def test_worker_samples_each_batch_with_the_weights_of_its_version(k):
 
     def sample(it, m, version):
         seen.append(threading.current_thread().name)
-        return Rollout([], 0, None, version, {"w": float(m.weight)})
+        return Rollout([], 0, version, {"w": float(m.weight)})
 
     with RolloutWorker(sample, model, start=0, stop=8, max_staleness=k) as worker:
         for it in range(8):
@@ -78,8 +78,9 @@ def _rl_turn_versions(run_dir: Path) -> list[tuple[int, int]]:
     return [(e.iteration, t.policy_version) for e in store.iter_episodes(source="rl") for t in e.path()]
 
 
-def test_staleness_1_cli_run_trains_on_batches_at_most_one_version_old(tmp_path):
-    got = _train(tmp_path / "s1", "rl.max_staleness=1")
+@pytest.mark.parametrize("worker", ["process", "thread"])
+def test_staleness_1_cli_run_trains_on_batches_at_most_one_version_old(tmp_path, worker):
+    got = _train(tmp_path / "s1", "rl.max_staleness=1", f'rl.rollout_worker="{worker}"')
     assert got.returncode == 0, got.stderr[-2000:]
     pairs = _rl_turn_versions(tmp_path / "s1")
     lags = {it - v for it, v in pairs}
