@@ -74,7 +74,20 @@ def snapshot(model: torch.nn.Module) -> dict[str, Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-class RolloutWorker:
+class _Worker:
+    """A context manager whose exit calls ``close`` (both workers)."""
+
+    def close(self) -> None:
+        """Stop sampling."""
+
+    def __enter__(self) -> _Worker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RolloutWorker(_Worker):
     """Sample iterations ``start .. stop - 1`` on a background thread, each with its :func:`sampling_version`.
 
     Args:
@@ -127,12 +140,6 @@ class RolloutWorker:
             self._cond.notify_all()
         self._thread.join()
 
-    def __enter__(self) -> RolloutWorker:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def _weights_for(self, version: int) -> dict[str, Tensor] | None:
         """Wait for ``version``'s weights (None once closed); older versions are dropped."""
         with self._cond:
@@ -173,7 +180,7 @@ def plain_state(model: torch.nn.Module) -> dict[str, Tensor]:
     return {k: v.detach().to("cpu", copy=True) for k, v in plain.state_dict().items()}
 
 
-class RolloutProcess:
+class RolloutProcess(_Worker):
     """The :class:`RolloutWorker` protocol in a second process (``spawn``: a fresh interpreter).
 
     Args:
@@ -225,12 +232,6 @@ class RolloutProcess:
         if self._proc.is_alive():
             self._proc.terminate()
             self._proc.join()
-
-    def __enter__(self) -> RolloutProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _process_main(cfg: Any, start_path: Path, seed: int, task_rng: Tensor, start: int, stop: int, k: int,
