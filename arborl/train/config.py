@@ -388,7 +388,7 @@ class RLConfig:
     memory (the same batch a read-back gives); a failed write stops the run at the next iteration.
     False: write and read back on the critical path, as before."""
     max_staleness: int = 0
-    """Asynchronous rollouts (docs/async.md): a background thread samples the next iterations' batches while
+    """Asynchronous rollouts (docs/async.md): a worker (``rollout_worker``) samples the next iterations' batches while
     the update runs, at most this many policy versions behind the weights they train; the update corrects
     with decoupled PPO. 0: rollout and update alternate (synchronous). A resumed asynchronous run re-draws
     the batches that were in flight, so it is not bit-identical to an uninterrupted one."""
