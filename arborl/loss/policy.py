@@ -12,6 +12,18 @@ diagnostics. Metric names (also logged by the trainer):
 * ``diag/clip_frac`` — fraction of trained tokens where the clipped branch was active.
 * ``diag/approx_kl`` — mean of ``0.5 * (logp - old_logp)^2`` (k2 estimate of KL(old || new)).
 * ``diag/ratio_max`` — largest importance ratio in the batch.
+* ``diag/behav_weight_mean`` / ``diag/behav_weight_max`` — with ``prox_logp`` (decoupled PPO), the mean
+  and largest behaviour weight ``pi_prox / pi_behav`` over trained tokens, before truncation.
+* ``diag/behav_trunc_frac`` — fraction of trained tokens whose behaviour weight was truncated at ``behav_cap``.
+
+Decoupled PPO (Hilton et al. 2022, "Batch size-invariance for policy optimization"; AReaL, Fu et al.
+2025, Eq. 5) separates the two roles the "old" policy plays in PPO when rollouts are stale: the
+*behaviour* policy that sampled the tokens (``old_logp``, recorded at sampling time) and the
+*proximal* policy the trust region is drawn around (``prox_logp``: the weights just before this
+update, recomputed). The clipped ratio is ``pi_theta / pi_prox``, and each token's surrogate is
+weighted by the detached behaviour ratio ``w = pi_prox / pi_behav``, truncated at ``behav_cap``
+(departure from AReaL, which drops the tokens above its cap: truncating keeps them, biased but
+bounded, as V-trace's rho-bar does). With ``prox_logp = old_logp`` it is PPO-clip exactly.
 """
 
 from __future__ import annotations
@@ -93,8 +105,13 @@ def ppo_clip_loss(
     kl_kind: str = "k3",
     entropy: Tensor | None = None,
     entropy_coef: float = 0.0,
+    prox_logp: Tensor | None = None,
+    behav_cap: float = 5.0,
 ) -> LossOutput:
     """PPO clipped surrogate with dual clip, optional KL-to-reference and entropy terms.
+
+    With ``prox_logp`` it is decoupled PPO (see the module docstring): the ratio is taken to the
+    proximal policy and the surrogate weighted by ``min(pi_prox / pi_behav, behav_cap)``.
 
     Args:
         logp: ``[B, T]`` log-probs of the taken tokens under the current policy (with grad).
@@ -110,14 +127,22 @@ def ppo_clip_loss(
         kl_kind: KL estimator, see :func:`kl_estimate`.
         entropy: ``[B, T]`` token entropies (with grad) for the bonus.
         entropy_coef: weight of the entropy bonus.
+        prox_logp: ``[B, T]`` proximal-policy log-probs (no grad): the policy before this update, when
+            the batch was sampled by an older one (``rl.max_staleness``); None: PPO-clip to ``old_logp``.
+        behav_cap: truncation of the behaviour weight ``pi_prox / pi_behav`` (decoupled PPO only).
     """
-    log_ratio = torch.clamp(logp - old_logp, -20.0, 20.0)
+    anchor = old_logp if prox_logp is None else prox_logp
+    log_ratio = torch.clamp(logp - anchor, -20.0, 20.0)
     ratio = torch.exp(log_ratio)
     pg1 = -advantages * ratio
     pg2 = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     pg = torch.maximum(pg1, pg2)
     if clip_c is not None:
         pg = torch.where(advantages < 0, torch.minimum(pg, -advantages * clip_c), pg)
+    behav = None
+    if prox_logp is not None:  # decoupled PPO: correct for the stale sampler, trust region around pi_prox
+        behav = torch.exp(torch.clamp(prox_logp - old_logp, -20.0, 20.0)).detach()
+        pg = pg * torch.clamp(behav, max=behav_cap)
     policy = aggregate(pg, mask, agg)
     total = policy
     terms: dict[str, float] = {"loss/policy": float(policy.detach())}
@@ -137,7 +162,18 @@ def ppo_clip_loss(
         terms["diag/clip_frac"] = float(((pg2 > pg1).to(m.dtype) * m).sum() / n)
         terms["diag/approx_kl"] = float((0.5 * log_ratio**2 * m).sum() / n)
         terms["diag/ratio_max"] = float((ratio * m).max()) if m.any() else 1.0
+        if behav is not None:
+            terms |= _behaviour_diagnostics(behav, m, n, behav_cap)
     return LossOutput(total, terms)
+
+
+def _behaviour_diagnostics(behav: Tensor, m: Tensor, n: Tensor, cap: float) -> dict[str, float]:
+    """Mean, max and truncated fraction of the behaviour weights over trained tokens ``m``."""
+    return {
+        "diag/behav_weight_mean": float((behav * m).sum() / n),
+        "diag/behav_weight_max": float((behav * m).max()) if m.any() else 1.0,
+        "diag/behav_trunc_frac": float(((behav > cap).to(m.dtype) * m).sum() / n),
+    }
 
 
 def sft_loss(logp: Tensor, mask: Tensor, *, agg: str = "token-mean") -> LossOutput:

@@ -17,12 +17,13 @@ pass (the rollout relies on that; see ``tests/rollout``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 from transformers import (
@@ -164,6 +165,9 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path
     return out
 
 
+_Batch = TypeVar("_Batch")
+
+
 def resolve_device(device: str) -> torch.device:
     """The torch device a ``device`` setting names: ``auto`` is CUDA when present, else the CPU.
 
@@ -179,6 +183,17 @@ def resolve_device(device: str) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} asks for CUDA but torch sees no GPU here; use auto or cpu")
     return dev
+
+
+def to_device(batch: _Batch, device: torch.device) -> _Batch:
+    """A copy of a dataclass of tensors (a training batch) with every tensor field on ``device``.
+
+    On the device the batch is already on, it is returned as is (no copy: CPU runs are unchanged).
+    """
+    fields = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}  # type: ignore[arg-type]
+    if all(not isinstance(v, torch.Tensor) or v.device == device for v in fields.values()):
+        return batch
+    return dataclasses.replace(batch, **{k: v.to(device) for k, v in fields.items() if isinstance(v, torch.Tensor)})
 
 
 def load_policy(path: str | Path, *, dtype: torch.dtype = torch.float32,

@@ -6,6 +6,8 @@ the command line with ``--set section.field=value``.
 
 from __future__ import annotations
 
+import importlib.util
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -52,6 +54,12 @@ class EnvSpec:
             )
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 @dataclass(frozen=True)
 class PolicySpec:
     """The model: built from a config with a locally trained tokenizer, or loaded from a local path."""
@@ -76,9 +84,17 @@ class PolicySpec:
     autocast: Literal["none", "bf16"] = "none"
     """RL update: run the training forward in bfloat16 autocast (weights stay float32; rollouts and reference
     log-probs stay float32, so the ratio at the behaviour policy is only approximately 1)."""
-    backend: Literal["local", "http"] = "local"
+    device: str = "auto"
+    """Where SFT, mid-training and RL train (model, reference, optimizer state, batches) and RL rollouts run:
+    ``auto`` (CUDA when torch sees a GPU, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``. The final
+    ``eval`` stage and ``arborl serve`` pick their own device."""
+    backend: Literal["local", "http", "vllm"] = "local"
     """Where RL rollouts are generated: ``local`` in this process, ``http`` on the generation servers of
-    ``urls`` (``arborl serve``, vLLM, SGLang; docs/serve.md), which get the new weights after every update."""
+    ``urls`` (``arborl serve``, vLLM, SGLang; docs/serve.md), which get the new weights after every update,
+    ``vllm`` on an in-process vLLM engine on the GPU (extra ``arborl[vllm]``; docs/serve.md)."""
+    vllm_gpu_memory_utilization: float = 0.4
+    """``backend = "vllm"``: the share of GPU memory vLLM may take for weights and KV cache (the trainer
+    shares the GPU)."""
     urls: list[str] = field(default_factory=list)
     """``backend = "http"``: server roots, e.g. ``["http://127.0.0.1:8000"]``; episodes are spread over them,
     each sticking to one server."""
@@ -108,6 +124,17 @@ class PolicySpec:
         bad = [u for u in self.urls if not u.startswith(("http://", "https://"))]
         if bad:
             raise ConfigError(f"policy.urls: {bad} are not http(s) URLs; write them as http://HOST:PORT")
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ConfigError(f"policy.device is {self.device!r}; use auto (CUDA when present), cpu, cuda or cuda:N")
+        if self.device.startswith("cuda") and not _cuda_available():
+            raise ConfigError(f"policy.device = {self.device!r} but torch sees no GPU here; use auto or cpu")
+        if self.backend == "vllm" and importlib.util.find_spec("vllm") is None:  # refused before any stage runs
+            from arborl.rollout.vllm_policy import MISSING
+
+            raise ConfigError(MISSING)
+        if not 0 < self.vllm_gpu_memory_utilization < 1:
+            raise ConfigError(f"policy.vllm_gpu_memory_utilization is {self.vllm_gpu_memory_utilization}; use a "
+                              "fraction in (0, 1), e.g. 0.4")
         if self.lora_rank < 0 or self.lora_alpha < 0:
             raise ConfigError("policy.lora_rank and policy.lora_alpha must be >= 0 (lora_rank 0: no adapter)")
         if self.http_retries < 0 or not self.http_timeout_s > 0:
@@ -360,6 +387,17 @@ class RLConfig:
     """Write each iteration's episodes to the store on a background thread and train on them from
     memory (the same batch a read-back gives); a failed write stops the run at the next iteration.
     False: write and read back on the critical path, as before."""
+    max_staleness: int = 0
+    """Asynchronous rollouts (docs/async.md): a worker (``rollout_worker``) samples the next iterations' batches while
+    the update runs, at most this many policy versions behind the weights they train; the update corrects
+    with decoupled PPO. 0: rollout and update alternate (synchronous). A resumed asynchronous run re-draws
+    the batches that were in flight, so it is not bit-identical to an uninterrupted one."""
+    rollout_worker: Literal["process", "thread"] = "process"
+    """``max_staleness >= 1``: sample ahead in a second process (its own interpreter: no GIL shared with
+    the update; weights cross over as a state dict after each update) or on a thread of this one
+    (docs/async.md measures both)."""
+    behav_cap: float = 5.0
+    """``max_staleness >= 1``: truncation of decoupled PPO's behaviour weight pi_prox / pi_behav per token."""
     grad_clip: float = 1.0
     """Clip the global gradient norm of every optimizer step to this value."""
     weight_decay: float = 0.0
@@ -379,12 +417,14 @@ class RLConfig:
                         "grad_clip", "checkpoint_keep", "tree_k", "tree_nodes")
         if not 0 <= self.clip_low < 1 or self.clip_high < 0:
             raise ValueError(f"rl.clip_low must be in [0, 1) and rl.clip_high >= 0 (got {self.clip_low}, {self.clip_high})")
+        if not self.behav_cap >= 1:
+            raise ValueError(f"rl.behav_cap is {self.behav_cap}; truncate the behaviour weight at 1 or more (5 is usual)")
         if self.clip_c <= 1:
             raise ValueError(f"rl.clip_c is {self.clip_c}; the dual-clip constant must be > 1 (3 is usual)")
         if not 0 <= self.gamma <= 1:
             raise ValueError(f"rl.gamma is {self.gamma}; use a discount in [0, 1]")
         for name in ("kl_coef", "entropy_coef", "weight_decay", "warmup_iters", "checkpoint_every", "eval_every",
-                     "update_threads", "max_env_steps"):
+                     "update_threads", "max_env_steps", "max_staleness"):
             if getattr(self, name) < 0:
                 raise ValueError(f"rl.{name} must be >= 0, got {getattr(self, name)!r}")
         self._check_credit()
@@ -476,10 +516,10 @@ class TrainConfig:
             raise ConfigError(f"report_to: {bad} are unknown; choose from {list(LOGGERS)} (metrics.jsonl is always written)")
         _check_positive(self, "threads")
         self._check_branch_sampling()
-        if self.policy.backend == "http" and self.rl.branch:
-            raise ConfigError('rl.branch = true needs policy.backend = "local": a branch forces an action and scores it '
-                              "with prompt log-probs, which generation servers do not return. Set rl.branch = false "
-                              "(rl.tree works over HTTP)")
+        if self.policy.backend in ("http", "vllm") and self.rl.branch:
+            raise ConfigError(f'rl.branch = true needs policy.backend = "local" (not "{self.policy.backend}"): a branch '
+                              "forces an action and scores it with prompt log-probs, which generation servers do not "
+                              "return. Set rl.branch = false (rl.tree works over HTTP and vLLM)")
 
     def _check_branch_sampling(self) -> None:
         """Greedy branches record their forced action's log-prob at temperature 1; sampling must match."""

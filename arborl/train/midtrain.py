@@ -38,6 +38,7 @@ from arborl.config import ConfigError
 from arborl.env import Env
 from arborl.loss import sft_loss
 from arborl.policy import load_policy, save_policy
+from arborl.policy.model import resolve_device, to_device
 from arborl.train.config import TrainConfig
 from arborl.train.loggers import Metrics
 from arborl.train.progress import progress
@@ -70,10 +71,10 @@ class PackedBatch:
         """``[B, 1, T, T]`` additive mask: 0 where query ``i`` may see key ``j`` (same document, ``j <= i``)."""
         t = self.doc.shape[1]
         same = self.doc[:, :, None] == self.doc[:, None, :]  # (B, T, T)
-        causal = torch.ones(t, t, dtype=torch.bool).tril()
+        causal = torch.ones(t, t, dtype=torch.bool, device=self.doc.device).tril()
         allowed = same & causal & (self.doc[:, None, :] >= 0)
-        allowed |= torch.eye(t, dtype=torch.bool)  # a padding query sees itself, so no row is all -inf
-        bias = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+        allowed |= torch.eye(t, dtype=torch.bool, device=self.doc.device)  # a padding query sees itself: no row all -inf
+        bias = torch.zeros(allowed.shape, dtype=dtype, device=self.doc.device).masked_fill_(~allowed, torch.finfo(dtype).min)
         return bias[:, None]
 
 
@@ -195,7 +196,8 @@ def train_midtrain(cfg: TrainConfig, make_env: Callable[[], Env], init_path: Pat
     mc = cfg.midtrain
     if f"store:{NOISY_SOURCE}" in mc.data and not any(True for _ in store.iter_episodes(source=NOISY_SOURCE)):
         synthesize_noisy(cfg, make_env, init_path, store)
-    model, tok = load_policy(init_path)
+    device = resolve_device(cfg.policy.device)
+    model, tok = load_policy(init_path, device=device)
     sources = [[document(e) for e in eps] for eps in load_sources(cfg, store)]
     vocab = model.get_input_embeddings().num_embeddings
     top = max(max(d, default=0) for s in sources for d in s)
@@ -213,7 +215,7 @@ def train_midtrain(cfg: TrainConfig, make_env: Callable[[], Env], init_path: Pat
     tokens = 0
     shown: dict[str, float] = {}
     for step in progress(range(mc.steps), "midtrain", status=shown):
-        batch = pack(mixture(sources, weights, per_step, gen), mc.seq_len, pad_id=pad)
+        batch = to_device(pack(mixture(sources, weights, per_step, gen), mc.seq_len, pad_id=pad), device)
         out = sft_loss(packed_logprobs(model, batch), batch.loss_mask)
         opt.zero_grad(set_to_none=True)
         out.loss.backward()

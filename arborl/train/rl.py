@@ -42,14 +42,24 @@ from arborl.credit import StepBatch, credit_on_groups, starpo_s_groups
 from arborl.env import Env
 from arborl.loss import ppo_clip_loss
 from arborl.policy import load_policy, save_policy, token_logprobs, token_logprobs_and_entropy
-from arborl.policy.model import add_lora, is_lora, load_weights, save_adapter, set_training_options
+from arborl.policy.model import (
+    add_lora,
+    is_lora,
+    load_weights,
+    resolve_device,
+    save_adapter,
+    set_training_options,
+    to_device,
+)
 from arborl.rollout import RolloutConfig, run_episodes
 from arborl.rollout.branch import branch_specs
 from arborl.rollout.http_policy import rollout_policy
 from arborl.rollout.kvcache import PrefixCache
 from arborl.rollout.tree import tree_specs
+from arborl.rollout.vllm_policy import vllm_rollout_policy
 from arborl.tools.metrics import episode_metrics, tool_metrics
 from arborl.train.advantages import record_advantages
+from arborl.train.async_rollout import Rollout, RolloutProcess, RolloutWorker
 from arborl.train.batch import TokenBatch, broadcast, collate, failed, length_chunks, step_batch
 from arborl.train.common import (
     load_trainer_state,
@@ -73,8 +83,8 @@ CreditFn = Callable[[StepBatch], Tensor]
 
 
 def _update(model, opt, cfg: TrainConfig, batch: TokenBatch, adv: Tensor, ref_logp: Tensor | None,
-            gen: torch.Generator) -> dict[str, float]:
-    """``ppo_epochs`` passes of minibatch PPO-clip steps over one iteration's batch."""
+            gen: torch.Generator, prox_logp: Tensor | None = None) -> dict[str, float]:
+    """``ppo_epochs`` passes of minibatch PPO-clip steps over one iteration's batch (decoupled with ``prox_logp``)."""
     rc, temp = cfg.rl, cfg.rollout.sampling.logprob_temperature
     sums: dict[str, float] = {}
     n = 0
@@ -92,6 +102,7 @@ def _update(model, opt, cfg: TrainConfig, batch: TokenBatch, adv: Tensor, ref_lo
                 clip_low=rc.clip_low, clip_high=rc.clip_high, clip_c=rc.clip_c, agg=rc.loss_agg,
                 ref_logp=None if ref_logp is None else ref_logp[mb, :w], kl_coef=rc.kl_coef, kl_kind=rc.kl_kind,
                 entropy=ent, entropy_coef=rc.entropy_coef,
+                prox_logp=None if prox_logp is None else prox_logp[mb, :w], behav_cap=rc.behav_cap,
             )
             opt.zero_grad(set_to_none=True)
             # Token-mean per minibatch, rescaled so every trained token of the iteration weighs the
@@ -154,12 +165,16 @@ def _learner(cfg: TrainConfig, start_path: Path, resume_from: Path | None, env_s
              credit_model: CreditModel | None = None) -> tuple[_Learner, int]:
     """The policy, reference, optimizer and RNG streams at the start (or at checkpoint ``resume_from``)."""
     rc = cfg.rl
-    model, tok = load_policy(start_path)
+    device = resolve_device(cfg.policy.device)
+    if credit_model is not None and device.type != "cpu":
+        raise ConfigError(f"rl.credit = {rc.credit!r} trains its credit model on the CPU only; set policy.device = \"cpu\" "
+                          "or choose a credit estimator without a model (grpo, rloo, gigpo, best_step, tree)")
+    model, tok = load_policy(start_path, device=device)
     if cfg.policy.lora_rank:  # only the adapter trains; the reference below stays the plain start policy
         model = add_lora(model, rank=cfg.policy.lora_rank, alpha=cfg.policy.lora_alpha or None, base=start_path)
     set_training_options(model, gradient_checkpointing=cfg.policy.gradient_checkpointing, autocast=cfg.policy.autocast)
     model.eval()  # no dropout: behaviour and training log-probs must match
-    ref = load_policy(start_path)[0].eval().requires_grad_(False) if rc.kl_coef > 0 else None
+    ref = load_policy(start_path, device=device)[0].eval().requires_grad_(False) if rc.kl_coef > 0 else None
     opt = torch.optim.AdamW(freeze_embeddings(model, cfg.policy.frozen_embeddings), lr=rc.lr,
                             weight_decay=rc.weight_decay, betas=(0.9, 0.99))
     lrn = _Learner(model, tok, ref, opt, torch.Generator().manual_seed(cfg.seed + 2),
@@ -214,13 +229,14 @@ def train_rl(
     task_type, actions = _env_actions(make_env, cfg)
     shown: dict[str, float] = {}
     sink = BackgroundWriter(store) if rc.async_store else contextlib.nullcontext(store)
+    worker = _worker(cfg, lrn, make_env, actions, task_type, start_it, start_path)
     done = start_it
     try:
-        with StopRequest() as stop, sink as sink:
+        with StopRequest() as stop, sink as sink, worker or contextlib.nullcontext():
             for it in progress(range(start_it, rc.iterations), "rl", total=rc.iterations - start_it, status=shown):
                 if rc.max_env_steps and lrn.counters["env_steps"] - env_steps_before >= rc.max_env_steps:
                     break  # the env-step budget is spent
-                row = _iteration(cfg, it, lrn, make_env, sink, credit, task_type, actions)
+                row = _iteration(cfg, it, lrn, make_env, sink, credit, task_type, actions, worker)
                 done = it + 1
                 metrics.log("rl", it + 1, row)
                 shown.update(loss=row.get("loss/policy", 0.0), success=row["train/success"], reward=row["train/reward"])
@@ -235,35 +251,109 @@ def train_rl(
     return _save(cfg, lrn, done, final=True)
 
 
+def _worker(cfg: TrainConfig, lrn: _Learner, make_env: Callable[[], Env], actions: list[str], task_type: str,
+            start_it: int, start_path: Path) -> RolloutWorker | RolloutProcess | None:
+    """``rl.max_staleness >= 1``: the thread or process that samples ahead (None: synchronous).
+
+    It has its own sampling stream; the update's minibatch order keeps ``lrn.gen``.
+    """
+    rc = cfg.rl
+    if not rc.max_staleness:
+        return None
+    seed = cfg.seed + 4 + start_it
+    if rc.rollout_worker == "process":
+        return RolloutProcess(cfg, start_path, lrn.model, start=start_it, stop=rc.iterations,
+                              max_staleness=rc.max_staleness, seed=seed, task_rng=lrn.task_gen.get_state())
+    gen = torch.Generator().manual_seed(seed)
+
+    def sample(it: int, model, version: int) -> Rollout:
+        return _rollout(cfg, it, model, lrn.tok, gen, lrn.task_gen, make_env, actions, task_type, version, PhaseTimer())
+
+    return RolloutWorker(sample, lrn.model, start=start_it, stop=rc.iterations, max_staleness=rc.max_staleness,
+                         threads=cfg.threads)
+
+
+def sample_in_process(cfg: TrainConfig, start_path: Path, seed: int, task_rng: Tensor) -> Callable[..., Rollout]:
+    """The sampler of a :class:`RolloutProcess`: its own policy copy, env factory and random streams."""
+    from arborl.train.common import env_factory
+
+    torch.set_num_threads(cfg.threads)
+    model, tok = load_policy(start_path, device=resolve_device(cfg.policy.device))
+    model.requires_grad_(False)
+    make_env = env_factory(cfg.env)
+    task_type, actions = _env_actions(make_env, cfg)
+    gen, task_gen = torch.Generator().manual_seed(seed), torch.Generator()
+    task_gen.set_state(task_rng)
+
+    def sample(it: int, weights: dict[str, Tensor] | None, version: int) -> Rollout:
+        if weights is not None:
+            model.load_state_dict(weights)
+        return _rollout(cfg, it, model, tok, gen, task_gen, make_env, actions, task_type, version, PhaseTimer())
+
+    return sample
+
+
 def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], Env], store, credit: CreditFn,
-               task_type: str, actions: list[str]) -> dict[str, float]:
-    """One iteration: rollout, store, credit, loss + update; returns its metrics row."""
+               task_type: str, actions: list[str], worker: RolloutWorker | RolloutProcess | None = None,
+               ) -> dict[str, float]:
+    """One iteration: rollout (or the ``worker``'s batch), store, credit, loss + update; returns its metrics row."""
     rc = cfg.rl
     phase = PhaseTimer()
+    if worker is None:
+        ro = _rollout(cfg, it, lrn.model, lrn.tok, lrn.gen, lrn.task_gen, make_env, actions, task_type, it, phase)
+    else:  # rl.max_staleness: sampled ahead by the worker; the wait for it is the rollout's share of the iteration
+        with phase("rollout"):
+            ro = worker.take(it)
+    row = _learn(cfg, it, lrn, ro, store, credit, phase)
+    if worker is not None:
+        worker.publish(it + 1, lrn.model)
+        row |= {"time/rollout_worker": sum(ro.seconds.values())}
+    if rc.eval_every and ((it + 1) % rc.eval_every == 0 or it + 1 == rc.iterations):
+        with phase("eval"):
+            row.update(evaluate(cfg, make_env, lrn.model, lrn.tok, n=cfg.eval.probe_episodes, label="probe",
+                                policy_version=it + 1))
+    return {**row, **phase.row()}
+
+
+def _rollout(cfg: TrainConfig, it: int, model, tok, gen: torch.Generator, task_gen: torch.Generator,
+             make_env: Callable[[], Env], actions: list[str], task_type: str, version: int,
+             phase: PhaseTimer) -> Rollout:
+    """Iteration ``it``'s group rollouts (plus tree continuations and branches) sampled by ``model`` at ``version``."""
+    rc = cfg.rl
     # rollout: G members per task share the seed, hence the initial state
-    offsets = torch.randint(0, cfg.env.train_seed_count, (rc.tasks_per_iter,), generator=lrn.task_gen).tolist()
+    offsets = torch.randint(0, cfg.env.train_seed_count, (rc.tasks_per_iter,), generator=task_gen).tolist()
     seeds = [cfg.env.train_seed_start + o for o in offsets]
     specs = specs_for(cfg, task_type, seeds, group_size=rc.group_size, group_prefix=f"rl{it}")
-    policy = rollout_policy(cfg.policy, lrn.model, lrn.tok, it, Path(cfg.run_dir) / "policy" / "serving")
+    backend = vllm_rollout_policy if cfg.policy.backend == "vllm" else rollout_policy
+    policy = backend(cfg.policy, model, tok, version, Path(cfg.run_dir) / "policy" / "serving")
     trunk_kv = PrefixCache() if rc.branch or rc.tree else None  # trunk caches for the continuations
     with phase("rollout"):
-        rolled = run_episodes(policy, make_env, specs, cfg.rollout, generator=lrn.gen,
-                              policy_version=it, iteration=it, source="rl", prefix_cache=trunk_kv)
+        rolled = run_episodes(policy, make_env, specs, cfg.rollout, generator=gen,
+                              policy_version=version, iteration=it, source="rl", prefix_cache=trunk_kv)
     n_sampled = len(rolled)
     if rc.tree:  # k continuations re-sampled from picked turns of each group (timed with the branches)
         with phase("branch"):
             rolled += run_episodes(policy, make_env, tree_specs(rolled, k=rc.tree_k, nodes=rc.tree_nodes,
-                                                                select=rc.tree_select, generator=lrn.gen),
-                                   cfg.rollout, generator=lrn.gen, policy_version=it, iteration=it,
+                                                                select=rc.tree_select, generator=gen),
+                                   cfg.rollout, generator=gen, policy_version=version, iteration=it,
                                    source="rl-tree", prefix_cache=trunk_kv)
     if rc.branch:  # every untried action at every visited state, finished by the policy
         with phase("branch"):
             rolled += run_episodes(policy, make_env, branch_specs(rolled[:n_sampled], actions),
-                                   _branch_rollout_config(cfg), generator=lrn.gen, policy_version=it, iteration=it,
+                                   _branch_rollout_config(cfg), generator=gen, policy_version=version, iteration=it,
                                    source="rl-branch", prefix_cache=trunk_kv)
+    return Rollout(rolled, n_sampled, version, {k: phase.seconds[k] for k in ("rollout", "branch")},
+                   trunk_kv.reused_tokens if trunk_kv else 0, trunk_kv.prefilled_tokens if trunk_kv else 0)
+
+
+def _learn(cfg: TrainConfig, it: int, lrn: _Learner, ro: Rollout, store, credit: CreditFn,
+           phase: PhaseTimer) -> dict[str, float]:
+    """Store, credit and update on one rolled-out batch; returns the metrics row (without evaluation)."""
+    rc = cfg.rl
+    n_sampled = ro.n_sampled
     # store: persist (rl.async_store: in the background) and train on the episodes as stored
     with phase("store"):
-        episodes = store_episodes(store, rolled)
+        episodes = store_episodes(store, ro.episodes)
     # credit: one advantage per turn, broadcast to that turn's generated tokens
     with phase("credit"):
         # rl.error_policy: an episode that ended on an env error or a context overflow is no sample of the
@@ -293,12 +383,16 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
     rows = keep.nonzero()[:, 0] if it >= rc.critic_warmup else keep.nonzero()[:0, 0]  # warm-up: critic only
     terms = {}
     if len(rows):
-        kept = batch.select(rows)
+        device = next(lrn.model.parameters()).device  # policy.device: the batch joins the model there
+        kept = to_device(batch.select(rows), device)
+        temp = cfg.rollout.sampling.logprob_temperature
         with phase("ref_logp"), torch_threads(rc.update_threads):
-            ref_logp = None if lrn.ref is None else _ref_logprobs(lrn.ref, kept, rc.minibatch_size,
-                                                                  cfg.rollout.sampling.logprob_temperature)
+            ref_logp = None if lrn.ref is None else _ref_logprobs(lrn.ref, kept, rc.minibatch_size, temp)
+            # a stale batch (rl.max_staleness): decoupled PPO's proximal policy is the one before this update
+            prox_logp = _ref_logprobs(lrn.model, kept, rc.minibatch_size, temp) if ro.version != it else None
         with phase("update"), torch_threads(rc.update_threads):
-            terms = _update(lrn.model, lrn.opt, cfg, kept, adv[rows, : kept.input_ids.shape[1]], ref_logp, lrn.gen)
+            terms = _update(lrn.model, lrn.opt, cfg, kept, adv[rows, : kept.input_ids.shape[1]].to(device), ref_logp,
+                            lrn.gen, prox_logp)
     if ctx is not None:
         with phase("credit"):  # the credit model's training counts as credit time
             terms |= lrn.credit_model.fit(ctx)
@@ -312,8 +406,8 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
         "train/success": sum(1.0 for e in episodes[:n_sampled] if e.success) / n_sampled,
         "train/reward": sum(float(e.rewards.get("return") or 0.0) for e in episodes[:n_sampled]) / n_sampled,
         "train/branches": len(episodes) - n_sampled,
-        "train/prefix_reused": trunk_kv.reused_tokens if trunk_kv else 0,
-        "train/prefix_prefilled": trunk_kv.prefilled_tokens if trunk_kv else 0,
+        "train/prefix_reused": ro.prefix_reused,
+        "train/prefix_prefilled": ro.prefix_prefilled,
         "train/invalid_frac": sum(not t.valid for e in episodes for t in e.path()) / max(1, n_turns),
         "train/turns": sum(len(e.path()) for e in episodes[:n_sampled]) / n_sampled,
         "train/adv_abs": float(adv.abs().sum() / batch.loss_mask.sum().clamp_min(1)),
@@ -323,12 +417,15 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
         "train/max_context": sum(e.stop_reason == "max_context" for e in episodes),
         **tool_metrics(episodes[:n_sampled]),
         **{f"train/{k}": v for k, v in episode_metrics(episodes[:n_sampled]).items()},
+        **_staleness(it, ro),
     }
-    if rc.eval_every and ((it + 1) % rc.eval_every == 0 or it + 1 == rc.iterations):
-        with phase("eval"):
-            row.update(evaluate(cfg, make_env, lrn.model, lrn.tok, n=cfg.eval.probe_episodes, label="probe",
-                                policy_version=it + 1))
-    return {**row, **phase.row()}
+    return row
+
+
+def _staleness(it: int, ro: Rollout) -> dict[str, float]:
+    """``train/staleness``: versions between the batch's sampler and the weights it updates; ``_max`` over turns."""
+    lags = [it - t.policy_version for e in ro.episodes for t in e.path() if t.policy_version is not None]
+    return {"train/staleness": float(it - ro.version), "train/staleness_max": float(max(lags, default=0))}
 
 
 def _kept_groups(rc: RLConfig, steps: StepBatch) -> Tensor:

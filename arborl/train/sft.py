@@ -16,6 +16,7 @@ import torch
 from arborl.env import Env
 from arborl.loss import sft_loss
 from arborl.policy import load_policy, save_policy, token_logprobs
+from arborl.policy.model import resolve_device, to_device
 from arborl.store.base import StoreError
 from arborl.store.url import redact
 from arborl.train.batch import collate
@@ -44,7 +45,8 @@ def train_sft(
     demos = sorted(store.iter_episodes(source="synth"), key=lambda e: (e.task_id, content_hash(e)))
     if not demos:
         raise StoreError(f"no synth episodes in {redact(cfg.store_url)}; run the synth stage first (arborl synth CONFIG)")
-    model, tok = load_policy(init_path)
+    device = resolve_device(cfg.policy.device)
+    model, tok = load_policy(init_path, device=device)
     model.train()
     sc = cfg.sft
     params = freeze_embeddings(model, cfg.policy.frozen_embeddings)
@@ -58,7 +60,7 @@ def train_sft(
     for step in progress(range(sc.steps), "sft", status=shown):
         idx = torch.randint(len(demos), (sc.batch_size,), generator=gen).tolist()
         seen.update(idx)
-        batch = collate([demos[i] for i in idx], pad_id=pad)
+        batch = to_device(collate([demos[i] for i in idx], pad_id=pad), device)
         logp = token_logprobs(model, batch.input_ids, batch.attention_mask, positions=batch.loss_mask)
         out_loss = sft_loss(logp, batch.loss_mask)
         opt.zero_grad(set_to_none=True)

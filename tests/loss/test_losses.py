@@ -50,3 +50,38 @@ def test_masked_logits_get_exactly_zero_gradient(agg):
     g = logits.grad
     assert torch.count_nonzero(g[mask == 0]) == 0
     assert torch.count_nonzero(g[mask == 1]) > 0
+
+
+def test_decoupled_ppo_hand_computed():
+    # behaviour (sampler) and proximal (before-update) probabilities of the three sampled tokens
+    behav = torch.log(torch.tensor([[0.5, 0.5, 0.1]]))
+    prox = torch.log(torch.tensor([[0.6, 0.25, 0.8]]))
+    # the current policy: ratios 1.5, 0.5, 1.1 to the proximal policy (as in test_ppo_clip_hand_computed)
+    logp = (prox + torch.log(torch.tensor([[1.5, 0.5, 1.1]])))
+    logp.requires_grad_()
+    adv = torch.tensor([[1.0, -1.0, 2.0]])
+    out = ppo_clip_loss(logp, behav, adv, torch.ones(1, 3), clip_low=0.2, clip_high=0.2, clip_c=3.0,
+                        prox_logp=prox, behav_cap=5.0)
+    # clipped surrogates -1.2, 0.8, -2.2 weighted by pi_prox/pi_behav = 1.2, 0.5, 8 -> truncated at 5
+    assert out.loss.item() == pytest.approx((-1.2 * 1.2 + 0.8 * 0.5 - 2.2 * 5.0) / 3, abs=1e-5)
+    assert out.terms["diag/clip_frac"] == pytest.approx(2 / 3)
+    assert out.terms["diag/behav_weight_mean"] == pytest.approx((1.2 + 0.5 + 8.0) / 3, abs=1e-5)
+    assert out.terms["diag/behav_weight_max"] == pytest.approx(8.0, abs=1e-5)
+    assert out.terms["diag/behav_trunc_frac"] == pytest.approx(1 / 3)
+    out.loss.backward()
+    # only the unclipped token moves: d/dlogp of -A * w * r = -2 * 5 * 1.1, over 3 tokens
+    assert logp.grad.tolist()[0] == pytest.approx([0.0, 0.0, -2 * 5.0 * 1.1 / 3], abs=1e-5)
+
+
+def test_decoupled_ppo_with_fresh_samples_is_ppo_clip():
+    torch.manual_seed(1)
+    old = -torch.rand(2, 5)
+    adv, mask = torch.randn(2, 5), (torch.rand(2, 5) > 0.3).float()
+    grads = []
+    for prox in (None, old.clone()):
+        logp = (old + 0.3 * torch.randn(2, 5, generator=torch.Generator().manual_seed(2))).requires_grad_()
+        out = ppo_clip_loss(logp, old, adv, mask, prox_logp=prox)
+        out.loss.backward()
+        grads.append((out.loss.item(), logp.grad))
+    assert grads[0][0] == pytest.approx(grads[1][0], abs=1e-7)
+    assert torch.allclose(grads[0][1], grads[1][1], atol=1e-7)
