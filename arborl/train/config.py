@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from arborl.cluster.config import ClusterConfig
 from arborl.config import ConfigError
 from arborl.merge.config import MergeConfig
 from arborl.policy import ModelConfig
@@ -466,6 +467,8 @@ class TrainConfig:
     """Held-out evaluation."""
     merge: MergeConfig = field(default_factory=MergeConfig)
     """Model merging of the run's policies or other checkpoints (stage ``merge``)."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """Ray env workers (``address = ""``: none, the default; see docs/scale.md)."""
 
     def __post_init__(self) -> None:
         bad = [s for s in self.stages if s not in STAGES]
