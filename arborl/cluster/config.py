@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
 from dataclasses import dataclass
@@ -51,9 +50,8 @@ class ClusterConfig:
         c = self.env_worker_cpus
         if not (isinstance(c, int | float) and not isinstance(c, bool) and math.isfinite(c) and c > 0):
             raise ConfigError(f"cluster.env_worker_cpus = {c!r}; use a positive number of CPUs (e.g. 1 or 0.5)")
-        if self.enabled and importlib.util.find_spec("ray") is None:
-            raise ConfigError(f"cluster.address = {a!r} needs Ray, which is not installed; install it with "
-                              "pip install 'arborl[ray]' or set cluster.address = \"\" to run without Ray")
+        if self.enabled:
+            require_ray()  # refused at load time, before a run directory is touched
 
     @property
     def enabled(self) -> bool:

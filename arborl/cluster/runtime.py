@@ -58,19 +58,24 @@ def start_env_workers(ray: Any, cfg: ClusterConfig, env_spec: Any) -> EnvWorkers
 
 
 @contextlib.contextmanager
-def cluster_envs(cfg: ClusterConfig, env_spec: Any, make_env: Callable[[], Any]) -> Iterator[Callable[[], Any]]:
+def cluster_envs(cfg: ClusterConfig, env_spec: Any, make_env: Callable[[], Any],
+                 say: Callable[[str], None] = lambda msg: None) -> Iterator[Callable[[], Any]]:
     """The env factory of a run: ``make_env`` itself without a cluster, else one of envs in Ray actors.
 
     Args:
         cfg: The ``[cluster]`` section.
         env_spec: The ``[env]`` section (each worker builds its envs from it).
         make_env: The local factory, returned as is when ``cfg.address`` is ``""``.
+        say: Where the line that names the workers and the cluster goes.
     """
     if not cfg.enabled:
         yield make_env
         return
     with connect(cfg) as ray:
         workers = start_env_workers(ray, cfg, env_spec)
+        nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+        say(f"env workers: {cfg.env_workers} Ray actors on a cluster of {nodes} node{'s' * (nodes != 1)} "
+            f"(cluster.address = {cfg.address!r}); a killed worker is restarted, its episodes retried")
         try:
             yield workers.make
         finally:

@@ -94,7 +94,7 @@ def run_pipeline(cfg: TrainConfig, credit: CreditFn, *, resume: bool = False, ov
     run_dir.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"run_dir": str(run_dir), "store": redact(cfg.store_url), "stage_s": {}}
     summary.update(plan.state.get("sft", {}))
-    with open_store(cfg.store_url) as store, cluster_envs(cfg.cluster, cfg.env, make_env) as make_env:
+    with open_store(cfg.store_url) as store, cluster_envs(cfg.cluster, cfg.env, make_env, say) as make_env:
         _save_config(cfg, run_dir)
         metrics = Metrics(run_dir, cfg.report_to, config=to_dict(cfg))
         try:

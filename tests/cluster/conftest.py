@@ -45,8 +45,8 @@ class Cluster:
 
 
 def _alive_nodes(address: str) -> int:
-    code = ("import ray, logging; ray.init(address=%r, logging_level=logging.ERROR); "
-            "print(sum(n['Alive'] for n in ray.nodes()))" % address)
+    code = (f"import ray, logging; ray.init(address={address!r}, logging_level=logging.ERROR); "
+            "print(sum(n['Alive'] for n in ray.nodes()))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ray_env(), timeout=120)
     return int(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 and p.stdout.strip() else 0
 
