@@ -3,8 +3,9 @@
 1. Env- and tool-bound: the code-agent recipe (examples/code_agent.toml: every turn of the
    expert runs the model-written program in the sandbox) rolled out by its expert, a scripted
    policy, so generation costs nothing and the table measures the env side alone. The same
-   episodes run on the single-process engine (``rollout.env_workers`` threads) and on 1, 2 and 4
-   Ray env worker actors of a Ray instance this script starts (``cluster.address = "local"``).
+   episodes run on the single-process engine (``rollout.env_workers`` = 8 threads) and on 1, 2 and 4
+   Ray env worker actors of a Ray instance this script starts (``cluster.address = "local"``),
+   each running 1 or 8 env calls at once (``cluster.env_worker_threads``).
    Prints episodes/s, env steps/s and each row's throughput as a ratio to the single-process one,
    and whether every row produced the same episodes.
 2. FrozenLake through ``arborl serve`` against in-process generation: ``bench/serve.py`` (run as
@@ -13,10 +14,10 @@
 What the ratios measure. The single-process engine already steps a turn's envs on threads, and a
 sandboxed program runs in its own process, so threads overlap tool calls too; actors add
 process-level parallelism for the Python side of the env (parsing, test harness, reward) and
-let envs run on other machines. One actor steps its envs one at a time, so 1 worker is the
-serial baseline. On a machine with few cores the figures are bounded by those cores.
+let envs run on other machines. An actor with one thread steps its envs one at a time, so
+1 worker x 1 thread is the serial baseline. On a machine with few cores the figures are bounded by those cores.
 
-Usage: ``python bench/scale.py [--episodes 32] [--workers 1,2,4] [--serve-episodes 32]``
+Usage: ``python bench/scale.py [--episodes 32] [--workers 1,2,4] [--worker-threads 1,8] [--serve-episodes 32]``
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def _rollout(make_env, specs, cfg, renderer) -> tuple[float, list]:
     return time.perf_counter() - t0, eps
 
 
-def env_rows(episodes: int, worker_counts: list[int]) -> list[tuple[str, float, list]]:
+def env_rows(episodes: int, worker_counts: list[int], threads: list[int]) -> list[tuple[str, float, list]]:
     """(label, wall seconds, episodes) of the code recipe on one process, then on each worker count."""
     cfg = load_config(TrainConfig, ROOT / "examples" / "code_agent.toml", [f'run_dir="{tempfile.mkdtemp()}"'])
     make_env = env_factory(cfg.env)
@@ -63,11 +64,12 @@ def env_rows(episodes: int, worker_counts: list[int]) -> list[tuple[str, float, 
     _rollout(make_env, specs[:4], cfg, renderer)  # warm the sandbox (first start is slower)
     rows = [("single process", *_rollout(make_env, specs, cfg, renderer))]
     with connect(ClusterConfig(address="local", object_store_mb=100)) as ray:
-        for n in worker_counts:
-            workers = start_env_workers(ray, ClusterConfig(address="local", env_workers=n, env_worker_cpus=0.01),
-                                        cfg.env)
+        for t, n in [(t, n) for t in threads for n in worker_counts]:
+            workers = start_env_workers(ray, ClusterConfig(address="local", env_workers=n, env_worker_cpus=0.01,
+                                                           env_worker_threads=t), cfg.env)
             _rollout(workers.make, specs[:n], cfg, renderer)  # each worker's sandbox started before timing
-            rows.append((f"ray, {n} env worker{'s' if n > 1 else ''}", *_rollout(workers.make, specs, cfg, renderer)))
+            rows.append((f"ray, {n} worker{'s' * (n > 1)} x {t} thread{'s' * (t > 1)}",
+                         *_rollout(workers.make, specs, cfg, renderer)))
             for actor in workers.actors:
                 ray.kill(actor, no_restart=True)
     return rows
@@ -77,18 +79,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--episodes", type=int, default=32)
     ap.add_argument("--workers", default="1,2,4")
+    ap.add_argument("--worker-threads", default="1,8", help="cluster.env_worker_threads values to run")
     ap.add_argument("--serve-episodes", type=int, default=32)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    rows = env_rows(args.episodes, [int(n) for n in args.workers.split(",")])
+    rows = env_rows(args.episodes, [int(n) for n in args.workers.split(",")],
+                    [int(t) for t in args.worker_threads.split(",")])
     base_wall, base_eps = rows[0][1:]
     same = all(_view(eps) == _view(base_eps) for _, _, eps in rows[1:])
     steps = sum(len(e.turns) for e in base_eps)
     print(f"code-agent recipe, {args.episodes} expert episodes ({steps} env steps, sandboxed tool calls); "
           f"same episodes on every row: {same}")
-    print(f"{'engine':<22}{'wall s':>9}{'episodes/s':>12}{'env steps/s':>13}{'x single':>10}")
+    print(f"{'engine':<28}{'wall s':>9}{'episodes/s':>12}{'env steps/s':>13}{'x single':>10}")
     for name, wall, _ in rows:
-        print(f"{name:<22}{wall:>9.2f}{args.episodes / wall:>12.2f}{steps / wall:>13.1f}{base_wall / wall:>10.2f}")
+        print(f"{name:<28}{wall:>9.2f}{args.episodes / wall:>12.2f}{steps / wall:>13.1f}{base_wall / wall:>10.2f}")
     print()
     sys.stdout.flush()
     subprocess.run([sys.executable, str(ROOT / "bench" / "serve.py"), "--episodes", str(args.serve_episodes)],

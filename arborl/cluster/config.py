@@ -25,6 +25,9 @@ class ClusterConfig:
     driver threads wait on them, so keep that at least as large)."""
     env_worker_cpus: float = 1.0
     """CPUs Ray reserves for each env worker actor (fractions allowed, e.g. 0.5)."""
+    env_worker_threads: int = 1
+    """Env calls one actor runs at once (its envs are independent objects); more than 1 suits envs
+    whose steps wait on tools or sandboxes, 1 steps an actor's envs one at a time."""
     env_worker_memory_mb: int = 0
     """Memory Ray reserves for each env worker actor, MB (0: no reservation)."""
     max_env_retries: int = 3
@@ -42,9 +45,9 @@ class ClusterConfig:
                 f'cluster.address = {a!r} is not an address; use "" (no Ray), "local", "auto", "HOST:PORT" '
                 'or "ray://HOST:PORT"'
             )
-        for name in ("env_workers", "max_env_retries", "env_worker_memory_mb", "local_cpus", "object_store_mb"):
+        for name in ("env_workers", "env_worker_threads", "max_env_retries", "env_worker_memory_mb", "local_cpus", "object_store_mb"):
             v = getattr(self, name)
-            low = 1 if name in ("env_workers", "object_store_mb") else 0
+            low = 1 if name in ("env_workers", "env_worker_threads", "object_store_mb") else 0
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise ConfigError(f"cluster.{name} = {v!r}; use an integer >= {low}")
         c = self.env_worker_cpus

@@ -48,7 +48,8 @@ def connect(cfg: ClusterConfig) -> Iterator[Any]:
 
 def start_env_workers(ray: Any, cfg: ClusterConfig, env_spec: Any) -> EnvWorkers:
     """``cfg.env_workers`` :class:`EnvWorker` actors (restarted by Ray when their process dies)."""
-    resources: dict[str, Any] = {"num_cpus": cfg.env_worker_cpus, "max_restarts": -1, "max_task_retries": 0}
+    resources: dict[str, Any] = {"num_cpus": cfg.env_worker_cpus, "max_restarts": -1, "max_task_retries": 0,
+                                 "max_concurrency": cfg.env_worker_threads}
     if cfg.env_worker_memory_mb:
         resources["memory"] = cfg.env_worker_memory_mb * 2**20
     actor_cls = ray.remote(EnvWorker).options(**resources)
