@@ -92,3 +92,14 @@ def test_no_cluster_never_imports_ray():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, env=ray_env())
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "False"
+
+
+@pytest.mark.slow
+def test_local_address_starts_ray_for_the_run(tmp_path):
+    local, started = tmp_path / "local", tmp_path / "started"
+    synth = ['stages=["synth"]', "synth.episodes=24"]
+    arborl("train", CFG, *sets(local, synth), env=ray_env())
+    out = arborl("train", CFG, *sets(started, [*synth, 'cluster.address="local"', "cluster.local_cpus=1",
+                                               "cluster.env_worker_cpus=0.5"]), env=ray_env())
+    assert "env workers: 2 Ray actors on a cluster of 1 node" in out.stdout, out.stdout
+    assert hashes(local) == hashes(started) and len(hashes(local)) == 24
