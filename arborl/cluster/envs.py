@@ -168,6 +168,7 @@ class RemoteEnv:
     def __init__(self, workers: EnvWorkers, actor: Any) -> None:
         self._workers, self._actor = workers, actor
         self._id = uuid.uuid4().hex
+        self._methods: set[str] = set()
         self.remote_class_name = self._open(None)
         """The class name of the env in the worker (the rollout engine records it as the env's name)."""
         self._played = _Played()
@@ -261,9 +262,12 @@ class RemoteEnv:
         # Only reached for names RemoteEnv does not define: the env's optional attributes and methods.
         if name.startswith("_"):
             raise AttributeError(name)
+        if name in self._methods:  # a method stays a method: one round trip per call, not two
+            return lambda *args, **kwargs: self._call("call", name, args, kwargs)
         kind, value = self._call("attr", name)
         if kind == "missing":
             raise AttributeError(f"{self.remote_class_name} has no attribute {name!r}")
         if kind == "value":
             return value
+        self._methods.add(name)
         return lambda *args, **kwargs: self._call("call", name, args, kwargs)
