@@ -5,8 +5,8 @@ Importing this package does not import Ray; only a run with ``cluster.address`` 
 
 from arborl.cluster.config import ClusterConfig, require_ray
 from arborl.cluster.envs import EnvWorker, EnvWorkers, RemoteEnv
-from arborl.cluster.generation import GenerationWorker, start_generation_workers
+from arborl.cluster.generation import GenerationWorker, start_generation_workers, with_generation_workers
 from arborl.cluster.runtime import cluster_envs, connect, start_env_workers
 
 __all__ = ["ClusterConfig", "EnvWorker", "EnvWorkers", "GenerationWorker", "RemoteEnv", "cluster_envs", "connect",
-           "require_ray", "start_env_workers", "start_generation_workers"]
+           "require_ray", "start_env_workers", "start_generation_workers", "with_generation_workers"]

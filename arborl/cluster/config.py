@@ -30,6 +30,13 @@ class ClusterConfig:
     whose steps wait on tools or sandboxes, 1 steps an actor's envs one at a time."""
     env_worker_memory_mb: int = 0
     """Memory Ray reserves for each env worker actor, MB (0: no reservation)."""
+    generation_workers: int = 0
+    """``arborl serve`` servers started as Ray actors for ``policy.backend = "http"`` (their URLs are added
+    to ``policy.urls``; each serves the run's start policy and gets the trainer's weights); 0: none."""
+    generation_worker_cpus: float = 1.0
+    """CPUs Ray reserves for each generation worker."""
+    generation_worker_gpus: float = 0.0
+    """GPUs Ray reserves for each generation worker (its server then runs on CUDA)."""
     max_env_retries: int = 3
     """Times one episode is retried on a restarted env worker after its worker died (then the
     episode ends with stop_reason "env_error")."""
@@ -45,14 +52,18 @@ class ClusterConfig:
                 f'cluster.address = {a!r} is not an address; use "" (no Ray), "local", "auto", "HOST:PORT" '
                 'or "ray://HOST:PORT"'
             )
-        for name in ("env_workers", "env_worker_threads", "max_env_retries", "env_worker_memory_mb", "local_cpus", "object_store_mb"):
+        for name in ("env_workers", "env_worker_threads", "generation_workers", "max_env_retries", "env_worker_memory_mb", "local_cpus", "object_store_mb"):
             v = getattr(self, name)
             low = 1 if name in ("env_workers", "env_worker_threads", "object_store_mb") else 0
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise ConfigError(f"cluster.{name} = {v!r}; use an integer >= {low}")
-        c = self.env_worker_cpus
-        if not (isinstance(c, int | float) and not isinstance(c, bool) and math.isfinite(c) and c > 0):
-            raise ConfigError(f"cluster.env_worker_cpus = {c!r}; use a positive number of CPUs (e.g. 1 or 0.5)")
+        for name, low in (("env_worker_cpus", 0), ("generation_worker_cpus", 0), ("generation_worker_gpus", -1)):
+            c = getattr(self, name)
+            if not (isinstance(c, int | float) and not isinstance(c, bool) and math.isfinite(c) and c > low):
+                raise ConfigError(f"cluster.{name} = {c!r}; use a {'positive' if low == 0 else 'non-negative'} number "
+                                  "(fractions allowed, e.g. 0.5)")
+        if self.generation_workers and not self.enabled:
+            raise ConfigError("cluster.generation_workers needs a cluster: set cluster.address (e.g. \"local\")")
         if self.enabled:
             require_ray()  # refused at load time, before a run directory is touched
 

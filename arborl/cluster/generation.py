@@ -12,6 +12,7 @@ on another port, and the policy already carries on with the servers that are lef
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 
@@ -62,3 +63,23 @@ def start_generation_workers(ray: Any, checkpoint: str, n: int, *, cpus: float =
     actor_cls = ray.remote(GenerationWorker).options(num_cpus=cpus, num_gpus=gpus, max_restarts=0)
     actors = [actor_cls.remote(str(checkpoint), device, threads) for _ in range(n)]
     return actors, ray.get([a.url.remote() for a in actors])
+
+
+def with_generation_workers(cfg: Any, checkpoint: str, say: Any = lambda msg: None) -> tuple[Any, list[Any]]:
+    """``cfg`` with the URLs of ``cluster.generation_workers`` new workers added to ``policy.urls``.
+
+    Called by the pipeline inside :func:`arborl.cluster.cluster_envs` (Ray is connected), once the
+    start policy ``checkpoint`` exists; the RL stage then syncs its weights to every worker.
+    Without generation workers, ``(cfg, [])``. The caller keeps the returned actors referenced
+    (Ray stops an actor whose last handle is dropped); they stop with the run's Ray connection.
+    """
+    n = cfg.cluster.generation_workers
+    if not n:
+        return cfg, []
+    import ray
+
+    device = "cuda" if cfg.cluster.generation_worker_gpus > 0 else "cpu"
+    actors, urls = start_generation_workers(ray, checkpoint, n, cpus=cfg.cluster.generation_worker_cpus,
+                                            gpus=cfg.cluster.generation_worker_gpus, device=device)
+    say(f"generation workers: {n} arborl serve actors at {', '.join(urls)}")
+    return replace(cfg, policy=replace(cfg.policy, urls=[*cfg.policy.urls, *urls])), actors

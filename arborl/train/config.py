@@ -103,9 +103,6 @@ class PolicySpec:
         if not self.frozen_embeddings >= 0:
             raise ConfigError(f"policy.frozen_embeddings is {self.frozen_embeddings}; use 0 (off) or a positive std "
                               "such as hidden_size ** -0.5")
-        if self.backend == "http" and not self.urls:
-            raise ConfigError('policy.backend = "http" needs policy.urls, e.g. ["http://127.0.0.1:8000"] '
-                              "(start one with `arborl serve CHECKPOINT`)")
         bad = [u for u in self.urls if not u.startswith(("http://", "https://"))]
         if bad:
             raise ConfigError(f"policy.urls: {bad} are not http(s) URLs; write them as http://HOST:PORT")
@@ -479,6 +476,12 @@ class TrainConfig:
             raise ConfigError(f"report_to: {bad} are unknown; choose from {list(LOGGERS)} (metrics.jsonl is always written)")
         _check_positive(self, "threads")
         self._check_branch_sampling()
+        if self.policy.backend == "http" and not self.policy.urls and not self.cluster.generation_workers:
+            raise ConfigError('policy.backend = "http" needs policy.urls, e.g. ["http://127.0.0.1:8000"] '
+                              "(start one with `arborl serve CHECKPOINT`), or cluster.generation_workers")
+        if self.cluster.generation_workers and self.policy.backend != "http":
+            raise ConfigError('cluster.generation_workers generates for policy.backend = "http"; set it, or '
+                              "cluster.generation_workers = 0 to generate in this process")
         if self.policy.backend == "http" and self.rl.branch:
             raise ConfigError('rl.branch = true needs policy.backend = "local": a branch forces an action and scores it '
                               "with prompt log-probs, which generation servers do not return. Set rl.branch = false "

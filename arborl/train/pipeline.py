@@ -29,7 +29,7 @@ from typing import Any
 import tomli_w
 import torch
 
-from arborl.cluster import cluster_envs
+from arborl.cluster import cluster_envs, with_generation_workers
 from arborl.config import ConfigError, to_dict
 from arborl.env import Env, check_env
 from arborl.merge.checkpoint import merge_checkpoints
@@ -146,6 +146,7 @@ def _run_stages(cfg: TrainConfig, plan: Plan, rd: RunDir, make_env, store, metri
     ``credit`` is the estimator and the builder of its credit model (or None).
     """
     init = prepare_policy(cfg, make_env) if set(plan.run) - {"eval"} else None
+    cfg, _servers = with_generation_workers(cfg, str(init), say) if "rl" in plan.run and init else (cfg, [])
     for stage in plan.run:
         ts = time.time()
         try:

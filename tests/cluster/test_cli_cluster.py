@@ -62,8 +62,11 @@ def test_frozenlake_on_the_cluster_equals_the_single_process_run(tmp_path, ray_c
 def test_bad_cluster_settings_are_one_line_errors(tmp_path):
     for setting, says in [('cluster.address="nowhere"', "cluster.address = 'nowhere' is not an address"),
                           ("cluster.env_workers=0", "cluster.env_workers = 0; use an integer >= 1"),
-                          ("cluster.env_worker_cpus=-1", "cluster.env_worker_cpus = -1")]:
-        p = arborl("config", "show", CFG, "--set", setting, check=False)
+                          ("cluster.env_worker_cpus=-1", "cluster.env_worker_cpus = -1"),
+                          ("cluster.generation_workers=1", "cluster.generation_workers needs a cluster"),
+                          ('cluster.address="local" --set cluster.generation_workers=1',
+                           'cluster.generation_workers generates for policy.backend = "http"')]:
+        p = arborl("config", "show", CFG, *[x for kv in setting.split(" --set ") for x in ("--set", kv)], check=False)
         assert p.returncode == 2, p.stderr
         assert says in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
@@ -103,3 +106,18 @@ def test_local_address_starts_ray_for_the_run(tmp_path):
                                                "cluster.env_worker_cpus=0.5"]), env=ray_env())
     assert "env workers: 2 Ray actors on a cluster of 1 node" in out.stdout, out.stdout
     assert hashes(local) == hashes(started) and len(hashes(local)) == 24
+
+
+@pytest.mark.slow
+def test_rl_generates_on_generation_workers_of_the_cluster(tmp_path, ray_cluster):
+    run = tmp_path / "run"
+    arborl("train", CFG, *sets(run, ['stages=["synth","sft"]']), env=ray_env())
+    extra = ['stages=["rl"]', 'policy.backend="http"', "rl.branch=false", f'cluster.address="{ray_cluster.address}"',
+             "cluster.generation_workers=2", "cluster.generation_worker_cpus=0.25", "cluster.env_worker_cpus=0.25"]
+    out = arborl("rl", CFG, *sets(run, extra), env=ray_env())
+    assert "generation workers: 2 arborl serve actors at http://" in out.stdout, out.stdout
+    with open_store(f"sqlite:///{run}/trajectories.db") as store:
+        eps = list(store.iter_episodes(source="rl"))
+    # every iteration generated with the weights it pushed to the workers first
+    assert {(e.iteration, t.policy_version) for e in eps for t in e.turns} == {(0, 0), (1, 1)}
+    assert all(e.stop_reason != "env_error" for e in eps)
