@@ -59,16 +59,25 @@ def test_frozenlake_on_the_cluster_equals_the_single_process_run(tmp_path, ray_c
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_bad_cluster_settings_are_one_line_errors(tmp_path):
-    for setting, says in [('cluster.address="nowhere"', "cluster.address = 'nowhere' is not an address"),
-                          ("cluster.env_workers=0", "cluster.env_workers = 0; use an integer >= 1"),
-                          ("cluster.env_worker_cpus=-1", "cluster.env_worker_cpus = -1"),
-                          ("cluster.generation_workers=1", "cluster.generation_workers needs a cluster"),
-                          ('cluster.address="local" --set cluster.generation_workers=1',
-                           'cluster.generation_workers generates for policy.backend = "http"')]:
-        p = arborl("config", "show", CFG, *[x for kv in setting.split(" --set ") for x in ("--set", kv)], check=False)
-        assert p.returncode == 2, p.stderr
-        assert says in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+def test_bad_cluster_settings_are_refused_with_the_fix():
+    from arborl.config import ConfigError, load_config
+    from arborl.train.config import TrainConfig
+
+    for sets_, says in [(['cluster.address="nowhere"'], "cluster.address = 'nowhere' is not an address"),
+                        (["cluster.env_workers=0"], "cluster.env_workers = 0; use an integer >= 1"),
+                        (["cluster.env_worker_cpus=-1"], "cluster.env_worker_cpus = -1"),
+                        (["cluster.generation_workers=1"], "cluster.generation_workers needs a cluster"),
+                        (['cluster.address="local"', "cluster.generation_workers=1"],
+                         'cluster.generation_workers generates for policy.backend = "http"')]:
+        with pytest.raises(ConfigError) as err:
+            load_config(TrainConfig, CFG, sets_)
+        assert says in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_a_bad_cluster_setting_is_one_line_from_the_cli():
+    p = arborl("config", "show", CFG, "--set", 'cluster.address="nowhere"', check=False)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert '"local", "auto", "HOST:PORT" or "ray://HOST:PORT"' in p.stderr
 
 
 def test_without_ray_installed_the_error_names_the_extra(tmp_path):
