@@ -302,7 +302,7 @@ def _start(
         env, factory_error = None, f"env factory failed: {type(exc).__name__}: {exc}"
     else:
         factory_error = None
-    ep = _episode(spec, type(env.unwrapped).__name__ if env is not None else None, meta)
+    ep = _episode(spec, _env_name(env) if env is not None else None, meta)
     lv = _Live(episode=ep, env=env, slot=slot, obs_text="", prompt=[], state_key=None, spec=spec)
     try:
         if factory_error is not None:
@@ -533,6 +533,11 @@ def _close_quietly(env: Any) -> None:
     # Closing is best effort: the episode records are already complete.
     with contextlib.suppress(Exception):
         env.close()
+
+
+def _env_name(env: Any) -> str:
+    """The env's class name (an env in a Ray worker, arborl.cluster.RemoteEnv, names the class it runs)."""
+    return getattr(env.unwrapped, "remote_class_name", None) or type(env.unwrapped).__name__
 
 
 def _key_text(key: Hashable) -> str | None:

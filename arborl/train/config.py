@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from arborl.cluster.config import ClusterConfig
 from arborl.config import ConfigError
 from arborl.merge.config import MergeConfig
 from arborl.policy import ModelConfig
@@ -118,9 +119,6 @@ class PolicySpec:
         if not self.frozen_embeddings >= 0:
             raise ConfigError(f"policy.frozen_embeddings is {self.frozen_embeddings}; use 0 (off) or a positive std "
                               "such as hidden_size ** -0.5")
-        if self.backend == "http" and not self.urls:
-            raise ConfigError('policy.backend = "http" needs policy.urls, e.g. ["http://127.0.0.1:8000"] '
-                              "(start one with `arborl serve CHECKPOINT`)")
         bad = [u for u in self.urls if not u.startswith(("http://", "https://"))]
         if bad:
             raise ConfigError(f"policy.urls: {bad} are not http(s) URLs; write them as http://HOST:PORT")
@@ -506,6 +504,8 @@ class TrainConfig:
     """Held-out evaluation."""
     merge: MergeConfig = field(default_factory=MergeConfig)
     """Model merging of the run's policies or other checkpoints (stage ``merge``)."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """Ray env workers (``address = ""``: none, the default; see docs/scale.md)."""
 
     def __post_init__(self) -> None:
         bad = [s for s in self.stages if s not in STAGES]
@@ -516,6 +516,12 @@ class TrainConfig:
             raise ConfigError(f"report_to: {bad} are unknown; choose from {list(LOGGERS)} (metrics.jsonl is always written)")
         _check_positive(self, "threads")
         self._check_branch_sampling()
+        if self.policy.backend == "http" and not self.policy.urls and not self.cluster.generation_workers:
+            raise ConfigError('policy.backend = "http" needs policy.urls, e.g. ["http://127.0.0.1:8000"] '
+                              "(start one with `arborl serve CHECKPOINT`), or cluster.generation_workers")
+        if self.cluster.generation_workers and self.policy.backend != "http":
+            raise ConfigError('cluster.generation_workers generates for policy.backend = "http"; set it, or '
+                              "cluster.generation_workers = 0 to generate in this process")
         if self.policy.backend in ("http", "vllm") and self.rl.branch:
             raise ConfigError(f'rl.branch = true needs policy.backend = "local" (not "{self.policy.backend}"): a branch '
                               "forces an action and scores it with prompt log-probs, which generation servers do not "

@@ -29,6 +29,7 @@ from typing import Any
 import tomli_w
 import torch
 
+from arborl.cluster import cluster_envs, with_generation_workers
 from arborl.config import ConfigError, to_dict
 from arborl.env import Env, check_env
 from arborl.merge.checkpoint import merge_checkpoints
@@ -93,7 +94,7 @@ def run_pipeline(cfg: TrainConfig, credit: CreditFn, *, resume: bool = False, ov
     run_dir.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"run_dir": str(run_dir), "store": redact(cfg.store_url), "stage_s": {}}
     summary.update(plan.state.get("sft", {}))
-    with open_store(cfg.store_url) as store:
+    with open_store(cfg.store_url) as store, cluster_envs(cfg.cluster, cfg.env, make_env, say) as make_env:
         _save_config(cfg, run_dir)
         metrics = Metrics(run_dir, cfg.report_to, config=to_dict(cfg))
         try:
@@ -145,6 +146,7 @@ def _run_stages(cfg: TrainConfig, plan: Plan, rd: RunDir, make_env, store, metri
     ``credit`` is the estimator and the builder of its credit model (or None).
     """
     init = prepare_policy(cfg, make_env) if set(plan.run) - {"eval"} else None
+    cfg, _servers = with_generation_workers(cfg, str(init), say) if "rl" in plan.run and init else (cfg, [])
     for stage in plan.run:
         ts = time.time()
         try:
