@@ -522,6 +522,9 @@ class TrainConfig:
         if self.cluster.generation_workers and self.policy.backend != "http":
             raise ConfigError('cluster.generation_workers generates for policy.backend = "http"; set it, or '
                               "cluster.generation_workers = 0 to generate in this process")
+        if self.rl.max_staleness and self.rl.rollout_worker == "process" and self.cluster.address:
+            raise ConfigError('rl.rollout_worker = "process" builds its own local envs, so it would not use the '
+                              'cluster\'s env workers; set rl.rollout_worker = "thread" with cluster.address')
         if self.policy.backend in ("http", "vllm") and self.rl.branch:
             raise ConfigError(f'rl.branch = true needs policy.backend = "local" (not "{self.policy.backend}"): a branch '
                               "forces an action and scores it with prompt log-probs, which generation servers do not "

@@ -68,7 +68,9 @@ def test_bad_cluster_settings_are_refused_with_the_fix():
                         (["cluster.env_worker_cpus=-1"], "cluster.env_worker_cpus = -1"),
                         (["cluster.generation_workers=1"], "cluster.generation_workers needs a cluster"),
                         (['cluster.address="local"', "cluster.generation_workers=1"],
-                         'cluster.generation_workers generates for policy.backend = "http"')]:
+                         'cluster.generation_workers generates for policy.backend = "http"'),
+                        (['cluster.address="local"', "rl.max_staleness=1", 'rl.rollout_worker="process"'],
+                         'set rl.rollout_worker = "thread" with cluster.address')]:
         with pytest.raises(ConfigError) as err:
             load_config(TrainConfig, CFG, sets_)
         assert says in str(err.value) and "\n" not in str(err.value), str(err.value)
