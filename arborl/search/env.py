@@ -23,7 +23,11 @@ It composes, as every tool task does, a task source, a tool table and a reward:
 * **Metrics** at the end of each episode (``info["metrics"]``): ``em``, ``f1``, ``searches`` (search
   calls), and for 2-hop questions ``two_hop_used_first`` (1 when a later query contains the
   bridge entity and the first search's results showed it: the second query used what the first
-  search returned).
+  search returned). Where each step fails: ``em_1hop`` / ``em_2hop`` (exact match by the
+  question's hops), ``first_query_subject`` (the first query names the subject, the title of the
+  first supporting passage, as whole words), ``gold_retrieved`` (a gold answer was in some
+  search result), ``answer_from_results`` (of the episodes that answered: the answer was copied
+  from a search result).
 * **Expert** (for ``synth``): the generator's oracle queries (:func:`arborl.search.oracle.oracle_actions`).
 
 ``spaced = true`` writes every punctuation mark as a word of its own in everything the model
@@ -106,9 +110,9 @@ class _SearchTask:
     """Seed -> Task over the train and held-out questions; reward, metrics and oracle of the task."""
 
     def __init__(self, train: tuple[Question, ...], test: tuple[Question, ...], test_seed_start: int,
-                 format_reward: float, text) -> None:
+                 format_reward: float, text, titles: dict[str, str]) -> None:
         self.train, self.test, self.test_seed_start = train, test, test_seed_start
-        self.format_reward, self.text = format_reward, text
+        self.format_reward, self.text, self.titles = format_reward, text, titles
 
     def __call__(self, seed: int) -> Task:
         q = self.test[(seed - self.test_seed_start) % len(self.test)] if seed >= self.test_seed_start \
@@ -129,6 +133,18 @@ class _SearchTask:
             shown = bool(searches) and bridge in normalize_answer(searches[0][1])
             later = any(bridge in normalize_answer(query) for query, _ in searches[1:])
             out["two_hop_used_first"] = float(shown and later)
+        return out | self._diagnostics(q, searches, answer)
+
+    def _diagnostics(self, q: Question, searches: list[tuple[str, str]], answer: str | None) -> dict[str, float]:
+        """Which step of the search went wrong: the first query, the retrieval, or the copy of the answer."""
+        results = [_padded(r) for _, r in searches]
+        out = {f"em_{q.hops}hop": exact_match(answer, q.golden_answers)} if q.hops in (1, 2) else {}
+        subject = self.titles.get(q.supporting_ids[0]) if q.supporting_ids else None
+        if subject:
+            out["first_query_subject"] = float(bool(searches) and _padded(subject) in _padded(searches[0][0]))
+        out["gold_retrieved"] = float(any(_padded(g) in r for g in q.golden_answers for r in results))
+        if answer is not None and normalize_answer(answer):
+            out["answer_from_results"] = float(any(_padded(answer) in r for r in results))
         return out
 
     def expert(self, env: ToolEnv) -> str:
@@ -190,10 +206,10 @@ def search_r1_env(
         raise ConfigError(f"env.kwargs.tool_format = {tool_format!r}; choose one of {sorted(FORMATS)}")
     if not 0 <= format_reward < 1:
         raise ConfigError(f"env.kwargs.format_reward = {format_reward}; use a number in [0, 1) (exact match scores 1)")
-    _, train, test = load_dataset(corpus, qa, corpus_seed, test_frac, n_questions)
+    passages, train, test = load_dataset(corpus, qa, corpus_seed, test_frac, n_questions)
     endpoint = url or retriever_url(corpus, qa, corpus_seed, test_frac, method)
     text = spaced if spaced_text else _same
-    source = _SearchTask(train, test, test_seed_start, format_reward, text)
+    source = _SearchTask(train, test, test_seed_start, format_reward, text, {p.id: p.title for p in passages})
     tool = SearchTool(SearchClient(endpoint, topk=topk, timeout=timeout_s, retries=retries), topk=topk,
                       transform=spaced if spaced_text else None)
     env = ToolEnv(source, [tool], source.reward, call_format=FORMATS[tool_format](), max_steps=max_steps,
@@ -206,6 +222,11 @@ def search_r1_env(
 
 def _same(text: str) -> str:
     return text
+
+
+def _padded(text: str) -> str:
+    """Normalised text between spaces: a padded a occurs in a padded b when a occurs in b as whole words."""
+    return f" {normalize_answer(text)} "
 
 
 def write_generated(out_dir: str | Path, seed: int = 0) -> tuple[Path, Path]:
