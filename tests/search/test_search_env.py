@@ -10,6 +10,7 @@ import urllib.request
 import pytest
 import torch
 
+from arborl.config import ConfigError
 from arborl.env import check_env
 from arborl.loss import ppo_clip_loss
 from arborl.policy import ChatRenderer, ModelConfig, build_model, token_logprobs_and_entropy, train_tokenizer
@@ -245,3 +246,24 @@ def test_more_questions_extend_the_default_set_and_keep_the_split():
     assert len(more_train) + len(more_test) == 4000 and len(more_train) > len(train)
     train_subjects = {q.extra["subject_id"] for q in more_train}
     assert not train_subjects & {q.extra["subject_id"] for q in more_test}
+
+
+def test_grounded_reward_pays_a_wrong_answer_copied_from_a_result_and_nothing_else(data, env_kw, by_id):
+    _, _, test = data
+    env = search_r1_env(**env_kw, format_reward=0.1, grounded_reward=0.3)
+    i = next(i for i, q in enumerate(test) if q.extra["kind"] == "person_birthplace")
+    q = test[i]
+    last = by_id[q.supporting_ids[0]].title.split()[-1]
+    answers = {f"<answer>{last}</answer>": (0.3, False),  # in the result, as a whole word: copied, wrong
+               f"<answer>{q.golden_answers[0][:-1]}</answer>": (0.1, False),  # part of a word: not copied
+               "<answer>nowhere</answer>": (0.1, False),
+               f"<answer>{q.golden_answers[0]}</answer>": (1.0, True)}
+    for answer, (reward, success) in answers.items():
+        env.reset(seed=START + i)
+        env.step(f"<search>{q.oracle_queries[0]}</search>")
+        res = env.step(answer)
+        assert (res.reward, res.info["success"]) == (reward, success), answer
+    env.reset(seed=START + i)  # a new episode: the last one's results do not count
+    assert env.step(f"<answer>{last}</answer>").reward == 0.1
+    with pytest.raises(ConfigError, match="grounded_reward"):
+        search_r1_env(**env_kw, grounded_reward=1.0)
