@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -154,7 +155,8 @@ def finqa_env(*, train_file: str = "", test_file: str = "", heldout_from: int = 
     tools: list[Any] = [CALCULATOR] + ([SandboxedPython(sandbox)] if sandbox != "none" else [])
     env = ToolEnv(lambda seed: task_of(example(seed)), tools, reward, call_format=hermes_format(tool_prompt),
                   max_steps=max_steps, system_prompt=INSTRUCTIONS, instructions=instructions,
-                  task_type="finqa", expert=expert, deterministic=oracle_error == 0, call_timeout_s=10.0)
+                  task_type="finqa", expert=expert, deterministic=oracle_error == 0, call_timeout_s=10.0,
+                  metrics=step_metrics)
     env.vocabulary = number_words()  # type: ignore[attr-defined]
     env.episode_metrics = episode_metrics  # type: ignore[attr-defined]
     return env
@@ -163,6 +165,33 @@ def finqa_env(*, train_file: str = "", test_file: str = "", heldout_from: int = 
 def reward(answer: str, task: Task) -> float:
     """FinQA execution accuracy of ``answer`` against the task's gold number."""
     return score(answer, float(task.answer), task.metadata.get("unit", ""))[0]
+
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def step_metrics(env: ToolEnv, answer: str | None) -> dict[str, float]:
+    """Where an episode went wrong: the cells, the arithmetic, or the copy of the result.
+
+    Returns:
+        ``operands_right``: the first calculator call holds every number of the gold expression
+        that is in the statement (constants such as ``* 100`` are not cells);
+        ``result_right``: some calculator result scores 1.0 against the gold;
+        ``answer_is_result`` (episodes that answered after a numeric calculator result): the
+        answer equals the last such result. Each is 0 for an episode without a calculator call.
+    """
+    task = env.task
+    assert task is not None
+    expression = task.metadata.get("expression") or ""
+    statement = task.question.split("\nQuestion :")[0]
+    cells = set(_NUMBER.findall(expression)) & set(_NUMBER.findall(statement))
+    calcs = [(str(args.get("expression", "")), str(out)) for name, args, out in env.calls if name == "calculator"]
+    values = [float(v) for _, out in calcs if (v := out.strip()) and _NUMBER.fullmatch(v)]
+    out = {"operands_right": float(bool(calcs) and cells <= set(_NUMBER.findall(calcs[0][0]))),
+           "result_right": float(any(reward(str(v), task) == 1.0 for v in values))}
+    if answer is not None and values:
+        out["answer_is_result"] = score(answer, values[-1])[0]
+    return out
 
 
 def _final_answer(ep: Any) -> str | None:

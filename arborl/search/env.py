@@ -19,11 +19,17 @@ It composes, as every tool task does, a task source, a tool table and a reward:
   on a free loopback port the first time one is built, shares it with every env of the process,
   and stops it when the process ends (also on Ctrl-C; :mod:`arborl.tools.services`).
 * **Reward**: exact match after Search-R1's normalisation; ``format_reward`` (default 0) is
-  given instead for a well-formed but wrong answer. ``success`` is exact match.
+  given instead for a well-formed but wrong answer, ``grounded_reward`` (default 0) for a wrong
+  answer copied from a search result of the episode (a shaping term: the copy is the skill a
+  small policy lacks; Search-R1 itself rewards exact match only). ``success`` is exact match.
 * **Metrics** at the end of each episode (``info["metrics"]``): ``em``, ``f1``, ``searches`` (search
   calls), and for 2-hop questions ``two_hop_used_first`` (1 when a later query contains the
   bridge entity and the first search's results showed it: the second query used what the first
-  search returned).
+  search returned). Where each step fails: ``em_1hop`` / ``em_2hop`` (exact match by the
+  question's hops), ``first_query_subject`` (the first query names the subject, the title of the
+  first supporting passage, as whole words), ``gold_retrieved`` (a gold answer was in some
+  search result), ``answer_from_results`` (of the episodes that answered: the answer was copied
+  from a search result).
 * **Expert** (for ``synth``): the generator's oracle queries (:func:`arborl.search.oracle.oracle_actions`).
 
 ``spaced = true`` writes every punctuation mark as a word of its own in everything the model
@@ -106,9 +112,11 @@ class _SearchTask:
     """Seed -> Task over the train and held-out questions; reward, metrics and oracle of the task."""
 
     def __init__(self, train: tuple[Question, ...], test: tuple[Question, ...], test_seed_start: int,
-                 format_reward: float, text) -> None:
+                 format_reward: float, text, titles: dict[str, str], grounded_reward: float = 0.0) -> None:
         self.train, self.test, self.test_seed_start = train, test, test_seed_start
-        self.format_reward, self.text = format_reward, text
+        self.format_reward, self.text, self.titles = format_reward, text, titles
+        self.grounded_reward = grounded_reward
+        self.env: ToolEnv | None = None  # the env this source serves (its calls are the episode's searches)
 
     def __call__(self, seed: int) -> Task:
         q = self.test[(seed - self.test_seed_start) % len(self.test)] if seed >= self.test_seed_start \
@@ -116,12 +124,18 @@ class _SearchTask:
         return Task(self.text(q.question), answer=q.golden_answers, id=q.id, metadata={"question": q})
 
     def reward(self, answer: str, task: Task) -> float:
-        return 1.0 if exact_match(answer, task.answer) else self.format_reward
+        if exact_match(answer, task.answer):
+            return 1.0
+        copied = self.grounded_reward and self.env is not None and normalize_answer(answer) and any(
+            _padded(answer) in _padded(r) for _, r in _searches(self.env))
+        if copied:
+            return max(self.grounded_reward, self.format_reward)
+        return self.format_reward
 
     def metrics(self, env: ToolEnv, answer: str | None) -> dict[str, float]:
         assert env.task is not None
         q: Question = env.task.metadata["question"]
-        searches = [(args.get("query", ""), result) for name, args, result in env.calls if name == "search"]
+        searches = _searches(env)
         out = {"em": exact_match(answer, q.golden_answers), "f1": f1_score(answer, q.golden_answers),
                "searches": float(len(searches))}
         if q.hops == 2 and q.bridge_answers:
@@ -129,6 +143,18 @@ class _SearchTask:
             shown = bool(searches) and bridge in normalize_answer(searches[0][1])
             later = any(bridge in normalize_answer(query) for query, _ in searches[1:])
             out["two_hop_used_first"] = float(shown and later)
+        return out | self._diagnostics(q, searches, answer)
+
+    def _diagnostics(self, q: Question, searches: list[tuple[str, str]], answer: str | None) -> dict[str, float]:
+        """Which step of the search went wrong: the first query, the retrieval, or the copy of the answer."""
+        results = [_padded(r) for _, r in searches]
+        out = {f"em_{q.hops}hop": exact_match(answer, q.golden_answers)} if q.hops in (1, 2) else {}
+        subject = self.titles.get(q.supporting_ids[0]) if q.supporting_ids else None
+        if subject:
+            out["first_query_subject"] = float(bool(searches) and _padded(subject) in _padded(searches[0][0]))
+        out["gold_retrieved"] = float(any(_padded(g) in r for g in q.golden_answers for r in results))
+        if answer is not None and normalize_answer(answer):
+            out["answer_from_results"] = float(any(_padded(answer) in r for r in results))
         return out
 
     def expert(self, env: ToolEnv) -> str:
@@ -156,6 +182,7 @@ def search_r1_env(
     call_timeout_s: float = 30.0,
     max_steps: int = 4,
     format_reward: float = 0.0,
+    grounded_reward: float = 0.0,
     tool_format: str = "search_r1",
     spaced_text: bool = False,
     test_seed_start: int = 1_000_000_000,
@@ -180,6 +207,8 @@ def search_r1_env(
         call_timeout_s: The env's deadline of one tool call (covers every attempt).
         max_steps: Turns per episode (searches + the answer).
         format_reward: Reward of a well-formed wrong answer (exact match scores 1).
+        grounded_reward: Reward of a wrong answer that occurs, as whole words, in a search result
+            of the episode (copied from a passage, the wrong one); the larger of the two applies.
         tool_format: ``search_r1`` (tags) or ``hermes`` (JSON tool calls).
         spaced_text: Punctuation as separate words in every text the model reads (scratch tokenizers).
         test_seed_start: Seeds from here on play held-out questions (= ``env.eval_seed_start``).
@@ -190,15 +219,19 @@ def search_r1_env(
         raise ConfigError(f"env.kwargs.tool_format = {tool_format!r}; choose one of {sorted(FORMATS)}")
     if not 0 <= format_reward < 1:
         raise ConfigError(f"env.kwargs.format_reward = {format_reward}; use a number in [0, 1) (exact match scores 1)")
-    _, train, test = load_dataset(corpus, qa, corpus_seed, test_frac, n_questions)
+    if not 0 <= grounded_reward < 1:
+        raise ConfigError(f"env.kwargs.grounded_reward = {grounded_reward}; use a number in [0, 1) (exact match scores 1)")
+    passages, train, test = load_dataset(corpus, qa, corpus_seed, test_frac, n_questions)
     endpoint = url or retriever_url(corpus, qa, corpus_seed, test_frac, method)
     text = spaced if spaced_text else _same
-    source = _SearchTask(train, test, test_seed_start, format_reward, text)
+    source = _SearchTask(train, test, test_seed_start, format_reward, text, {p.id: p.title for p in passages},
+                         grounded_reward)
     tool = SearchTool(SearchClient(endpoint, topk=topk, timeout=timeout_s, retries=retries), topk=topk,
                       transform=spaced if spaced_text else None)
     env = ToolEnv(source, [tool], source.reward, call_format=FORMATS[tool_format](), max_steps=max_steps,
                   call_timeout_s=call_timeout_s, system_prompt=system_prompt, task_type="search_r1",
                   expert=source.expert, metrics=source.metrics, format_instructions=instructions or None)
+    source.env = env
     if spaced_text:
         env.vocabulary = _vocabulary(corpus, qa, corpus_seed, test_frac, n_questions)  # type: ignore[attr-defined]
     return env
@@ -206,6 +239,16 @@ def search_r1_env(
 
 def _same(text: str) -> str:
     return text
+
+
+def _searches(env: ToolEnv) -> list[tuple[str, str]]:
+    """``(query, result text)`` of each search call of the env's episode so far."""
+    return [(args.get("query", ""), str(result)) for name, args, result in env.calls if name == "search"]
+
+
+def _padded(text: str) -> str:
+    """Normalised text between spaces: a padded a occurs in a padded b when a occurs in b as whole words."""
+    return f" {normalize_answer(text)} "
 
 
 def write_generated(out_dir: str | Path, seed: int = 0) -> tuple[Path, Path]:

@@ -27,6 +27,10 @@ def test_finqa_recipe_end_to_end(tmp_path):
         assert figures["parse_failures"] == int(figures["parse_failures"]) >= 0
         assert 0 <= figures["unanswered"] <= 6
         assert figures["tool_calls_per_question"] >= figures["calculator_calls_per_question"] >= 0
+        # the step metrics of every episode the env ended (one cut at rollout.max_turns reports none)
+        ended = figures.get("operands_right_n", 0)
+        assert figures.get("result_right_n", 0) == ended <= 6 and figures.get("answer_is_result_n", 0) <= ended
+        assert all(0 <= figures[k] <= 1 for k in ("operands_right", "result_right") if k in figures)
     assert summary["rl_gain"] == summary["rl"]["success"] - summary["sft"]["success"]
     assert summary["demo_episodes"] == 24
     # the teacher is wrong on oracle_error = 0.4 of the questions and its wrong demonstrations are kept

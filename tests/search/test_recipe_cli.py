@@ -15,7 +15,8 @@ TINY = ["synth.episodes=40", "sft.steps=4", "sft.batch_size=8", "sft.eval_every=
         "eval.episodes=6", "eval.probe_episodes=3", "policy.tokenizer_episodes=10", "policy.model.hidden_size=32",
         "policy.model.intermediate_size=64", "policy.model.num_layers=2", "policy.model.num_heads=2",
         "policy.model.num_kv_heads=2", "report_to=[]"]
-ENV_METRICS = ("em", "f1", "searches", "two_hop_used_first")
+ENV_METRICS = ("em", "f1", "searches", "two_hop_used_first", "em_1hop", "em_2hop", "first_query_subject", "gold_retrieved",
+               "answer_from_results")
 
 
 def test_search_r1_recipe_runs_end_to_end_and_reports_em_searches_and_two_hop_use(tmp_path):

@@ -10,6 +10,7 @@ import urllib.request
 import pytest
 import torch
 
+from arborl.config import ConfigError
 from arborl.env import check_env
 from arborl.loss import ppo_clip_loss
 from arborl.policy import ChatRenderer, ModelConfig, build_model, token_logprobs_and_entropy, train_tokenizer
@@ -27,6 +28,8 @@ from arborl.train.batch import collate
 from .conftest import free_port
 
 START = 1_000_000_000
+ORACLE_DIAG = {"first_query_subject": 1.0, "gold_retrieved": 1.0, "answer_from_results": 1.0}
+"""What the oracle gets on every diagnostic: it names the subject, finds the gold and copies it."""
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +79,11 @@ def test_oracle_answers_every_question_and_metrics_are_hand_checkable(data, env_
     steps = _play(env, START + one)
     assert [a for a, _ in steps] == [f"<search>{q1.oracle_queries[0]}</search>", f"<answer>{q1.golden_answers[0]}</answer>"]
     assert steps[0][1].obs.startswith("<information>Doc 1(Title: ") and steps[-1][1].reward == 1.0
-    assert steps[-1][1].info["metrics"] == {"em": 1.0, "f1": 1.0, "searches": 1.0}
+    assert steps[-1][1].info["metrics"] == {"em": 1.0, "f1": 1.0, "searches": 1.0, **ORACLE_DIAG, "em_1hop": 1.0}
     steps = _play(env, START + two)
     assert q2.bridge_answers[0] in steps[0][1].obs and q2.bridge_answers[0] in steps[1][0]
-    assert steps[-1][1].info["metrics"] == {"em": 1.0, "f1": 1.0, "searches": 2.0, "two_hop_used_first": 1.0}
+    assert steps[-1][1].info["metrics"] == {"em": 1.0, "f1": 1.0, "searches": 2.0, "two_hop_used_first": 1.0,
+                                            **ORACLE_DIAG, "em_2hop": 1.0}
     # every held-out question, by the oracle: exact match 1 (BM25 ranks the supporting passage first)
     assert all(_play(env, START + i)[-1][1].reward == 1.0 for i in range(0, len(test), 7))
 
@@ -104,17 +108,44 @@ def test_wrong_answers_f1_format_reward_and_a_second_query_that_ignores_the_firs
     res = env.step(f"<answer>{test[one].golden_answers[0].split()[0]}</answer>")  # one of the two gold words
     assert res.reward == 0.1 and res.info["success"] is False
     # F1: precision 1, recall 1/2 -> 2/3
-    assert res.info["metrics"] == pytest.approx({"em": 0.0, "f1": 2 / 3, "searches": 0.0})
+    # no search: the subject was not named in a first query and no result held the gold
+    assert res.info["metrics"] == pytest.approx({"em": 0.0, "f1": 2 / 3, "searches": 0.0, "em_1hop": 0.0,
+                                                 "first_query_subject": 0.0, "gold_retrieved": 0.0,
+                                                 "answer_from_results": 0.0})
     two = next(i for i, q in enumerate(test) if q.hops == 2)
     env.reset(seed=START + two)
     env.step(f"<search>{test[two].oracle_queries[0]}</search>")
     env.step("<search>something else entirely</search>")
     res = env.step("<answer>nothing</answer>")
-    assert res.info["metrics"] == {"em": 0.0, "f1": 0.0, "searches": 2.0, "two_hop_used_first": 0.0}
+    # the first query named the subject; its passage never holds a 2-hop answer, the second search matched nothing
+    assert res.info["metrics"] == {"em": 0.0, "f1": 0.0, "searches": 2.0, "two_hop_used_first": 0.0, "em_2hop": 0.0,
+                                   "first_query_subject": 1.0, "gold_retrieved": 0.0, "answer_from_results": 0.0}
     env.reset(seed=START + two)
     for _ in range(4):  # out of steps without answering: metrics with no answer
         res = env.step("no tags here")
-    assert res.truncated and res.info["metrics"] == {"em": 0.0, "f1": 0.0, "searches": 0.0, "two_hop_used_first": 0.0}
+    assert res.truncated and res.info["metrics"] == {  # no answer: no answer_from_results
+        "em": 0.0, "f1": 0.0, "searches": 0.0, "two_hop_used_first": 0.0, "em_2hop": 0.0,
+        "first_query_subject": 0.0, "gold_retrieved": 0.0}
+
+
+def test_the_diagnostics_tell_a_wrong_first_query_a_missing_gold_and_a_copied_wrong_answer(data, env_kw, by_id):
+    _, _, test = data
+    env = search_r1_env(**env_kw)
+    i = next(i for i, q in enumerate(test) if q.extra["kind"] == "person_birthplace")
+    q = test[i]
+    subject = by_id[q.supporting_ids[0]].title  # "First Last"
+    last = subject.split()[-1]
+    env.reset(seed=START + i)
+    env.step(f"<search>{last} born</search>")  # the last name only: BM25 still finds the passage
+    res = env.step(f"<answer>{last}</answer>")  # a word of the result, not the birthplace
+    assert res.info["metrics"] == {"em": 0.0, "f1": 0.0, "searches": 1.0, "em_1hop": 0.0,
+                                   "first_query_subject": 0.0, "gold_retrieved": 1.0, "answer_from_results": 1.0}
+    env.reset(seed=START + i)
+    env.step(f"<search>{subject} born</search>")
+    env.step("<search>capital</search>")  # only the first query counts for first_query_subject
+    res = env.step(f"<answer>{q.golden_answers[0][:-1]}</answer>")  # a cut-off word is not in the results
+    assert res.info["metrics"] == {"em": 0.0, "f1": 0.0, "searches": 2.0, "em_1hop": 0.0,
+                                   "first_query_subject": 1.0, "gold_retrieved": 1.0, "answer_from_results": 0.0}
 
 
 def test_spaced_text_puts_punctuation_and_tags_in_words_of_their_own_and_the_vocabulary_covers_held_out_names(
@@ -215,3 +246,24 @@ def test_more_questions_extend_the_default_set_and_keep_the_split():
     assert len(more_train) + len(more_test) == 4000 and len(more_train) > len(train)
     train_subjects = {q.extra["subject_id"] for q in more_train}
     assert not train_subjects & {q.extra["subject_id"] for q in more_test}
+
+
+def test_grounded_reward_pays_a_wrong_answer_copied_from_a_result_and_nothing_else(data, env_kw, by_id):
+    _, _, test = data
+    env = search_r1_env(**env_kw, format_reward=0.1, grounded_reward=0.3)
+    i = next(i for i, q in enumerate(test) if q.extra["kind"] == "person_birthplace")
+    q = test[i]
+    last = by_id[q.supporting_ids[0]].title.split()[-1]
+    answers = {f"<answer>{last}</answer>": (0.3, False),  # in the result, as a whole word: copied, wrong
+               f"<answer>{q.golden_answers[0][:-1]}</answer>": (0.1, False),  # part of a word: not copied
+               "<answer>nowhere</answer>": (0.1, False),
+               f"<answer>{q.golden_answers[0]}</answer>": (1.0, True)}
+    for answer, (reward, success) in answers.items():
+        env.reset(seed=START + i)
+        env.step(f"<search>{q.oracle_queries[0]}</search>")
+        res = env.step(answer)
+        assert (res.reward, res.info["success"]) == (reward, success), answer
+    env.reset(seed=START + i)  # a new episode: the last one's results do not count
+    assert env.step(f"<answer>{last}</answer>").reward == 0.1
+    with pytest.raises(ConfigError, match="grounded_reward"):
+        search_r1_env(**env_kw, grounded_reward=1.0)
