@@ -50,6 +50,7 @@ from arborl.rollout.kvcache import PrefixCache
 from arborl.rollout.tree import tree_specs
 from arborl.tools.metrics import episode_metrics, tool_metrics
 from arborl.train.advantages import record_advantages
+from arborl.rollout.media import image_inputs, media_of
 from arborl.train.batch import TokenBatch, broadcast, collate, failed, length_chunks, step_batch
 from arborl.train.common import (
     load_trainer_state,
@@ -86,7 +87,8 @@ def _update(model, opt, cfg: TrainConfig, batch: TokenBatch, adv: Tensor, ref_lo
             sub = batch.select(mb)
             w = sub.input_ids.shape[1]
             logp, ent = token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, temperature=temp,
-                                                   positions=sub.loss_mask, entropy_grad=rc.entropy_coef != 0)
+                                                   positions=sub.loss_mask, entropy_grad=rc.entropy_coef != 0,
+                                                   pixel_values=sub.pixel_values)
             out = ppo_clip_loss(
                 logp, sub.old_logp, adv[mb, :w], sub.loss_mask,
                 clip_low=rc.clip_low, clip_high=rc.clip_high, clip_c=rc.clip_c, agg=rc.loss_agg,
@@ -113,7 +115,8 @@ def _ref_logprobs(ref, batch: TokenBatch, chunk: int, temperature: float) -> Ten
     for rows in length_chunks(batch, chunk):
         sub = batch.select(rows)
         out[rows, : sub.input_ids.shape[1]] = token_logprobs(ref, sub.input_ids, sub.attention_mask,
-                                                             temperature=temperature, positions=sub.loss_mask)
+                                                             temperature=temperature, positions=sub.loss_mask,
+                                                             pixel_values=sub.pixel_values)
     return out
 
 
@@ -248,19 +251,19 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
     trunk_kv = PrefixCache() if rc.branch or rc.tree else None  # trunk caches for the continuations
     with phase("rollout"):
         rolled = run_episodes(policy, make_env, specs, cfg.rollout, generator=lrn.gen,
-                              policy_version=it, iteration=it, source="rl", prefix_cache=trunk_kv)
+                              policy_version=it, iteration=it, source="rl", prefix_cache=trunk_kv, media=media_of(store))
     n_sampled = len(rolled)
     if rc.tree:  # k continuations re-sampled from picked turns of each group (timed with the branches)
         with phase("branch"):
             rolled += run_episodes(policy, make_env, tree_specs(rolled, k=rc.tree_k, nodes=rc.tree_nodes,
                                                                 select=rc.tree_select, generator=lrn.gen),
                                    cfg.rollout, generator=lrn.gen, policy_version=it, iteration=it,
-                                   source="rl-tree", prefix_cache=trunk_kv)
+                                   source="rl-tree", prefix_cache=trunk_kv, media=media_of(store))
     if rc.branch:  # every untried action at every visited state, finished by the policy
         with phase("branch"):
             rolled += run_episodes(policy, make_env, branch_specs(rolled[:n_sampled], actions),
                                    _branch_rollout_config(cfg), generator=lrn.gen, policy_version=it, iteration=it,
-                                   source="rl-branch", prefix_cache=trunk_kv)
+                                   source="rl-branch", prefix_cache=trunk_kv, media=media_of(store))
     # store: persist (rl.async_store: in the background) and train on the episodes as stored
     with phase("store"):
         episodes = store_episodes(store, rolled)
@@ -274,7 +277,7 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
                            zero=broken if rc.error_policy == "zero" else None)
         groups = _kept_groups(rc, steps)  # rl.filter: the groups credit and the update see
         pad = lrn.tok.pad_token_id if lrn.tok.pad_token_id is not None else 0
-        batch = collate(trained, pad_id=pad)
+        batch = collate(trained, pad_id=pad, images=image_inputs(lrn.model, store))
         ctx = None
         if lrn.credit_model is not None:  # a credit model may read the store: the writes land first
             ctx = CreditContext(cfg, it, trained, steps, batch, lrn.model, lrn.tok, readable(store))
