@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 from tokenizers import AddedToken
+from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 IMAGE_MARKER = "<image>"
@@ -76,6 +76,7 @@ class PatchEncoder(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(h, h), nn.GELU(), nn.Linear(h, h))
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """Patch features ``(N, P, H)`` of ``(N, C, S, S)`` pixels."""
         x = self.patch(pixel_values).flatten(2).transpose(1, 2)  # (N, P, H)
         return self.mlp(x + self.position)
 

@@ -47,10 +47,10 @@ from arborl.rollout import RolloutConfig, run_episodes
 from arborl.rollout.branch import branch_specs
 from arborl.rollout.http_policy import rollout_policy
 from arborl.rollout.kvcache import PrefixCache
+from arborl.rollout.media import image_inputs, media_of
 from arborl.rollout.tree import tree_specs
 from arborl.tools.metrics import episode_metrics, tool_metrics
 from arborl.train.advantages import record_advantages
-from arborl.rollout.media import image_inputs, media_of
 from arborl.train.batch import TokenBatch, broadcast, collate, failed, length_chunks, step_batch
 from arborl.train.common import (
     load_trainer_state,

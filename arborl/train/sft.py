@@ -16,9 +16,9 @@ import torch
 from arborl.env import Env
 from arborl.loss import sft_loss
 from arborl.policy import load_policy, save_policy, token_logprobs
+from arborl.rollout.media import image_inputs
 from arborl.store.base import StoreError
 from arborl.store.url import redact
-from arborl.rollout.media import image_inputs
 from arborl.train.batch import collate
 from arborl.train.config import TrainConfig
 from arborl.train.embeddings import freeze_embeddings

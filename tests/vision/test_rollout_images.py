@@ -12,8 +12,8 @@ from arborl.env.base import StepResult
 from arborl.policy import ChatRenderer, ModelConfig, build_model, token_logprobs, train_tokenizer
 from arborl.rollout import ModelPolicy, run_episodes
 from arborl.rollout.kvcache import PrefixCache
-from arborl.rollout.tree import tree_specs
 from arborl.rollout.media import MemoryMedia, image_inputs
+from arborl.rollout.tree import tree_specs
 from arborl.train.batch import collate
 
 from .conftest import gen, lake, rollout_config, specs

@@ -12,7 +12,14 @@ from PIL import Image
 
 from arborl.env.envs.frozenlake_image import render_lake
 from arborl.rollout import run_episodes
-from arborl.rollout.media import canonical_image, decode_png, encode_png, expand_markers, image_inputs, split_images
+from arborl.rollout.media import (
+    canonical_image,
+    decode_png,
+    encode_png,
+    expand_markers,
+    image_inputs,
+    split_images,
+)
 from arborl.store import open_store
 from arborl.store.base import StoreError
 from arborl.train.batch import collate
