@@ -61,6 +61,10 @@ slot), so the next turn starts when the slowest step is back. Each call has the 
 ``cfg.env_timeout_s``; an overdue one stops its episode ("env_error", the error names the
 deadline) and its env is never used again. Results are collected in slot order and envs share
 no state through the engine, so the episodes are the same whatever the thread timing.
+
+Images. An observation's image parts are stored through ``media`` and referenced on the turn that
+shows them; their placeholders stay in the cache, so later turns attend over every earlier image
+(:mod:`arborl.rollout.media`, ``docs/multimodal.md``).
 """
 
 from __future__ import annotations
@@ -439,7 +443,8 @@ def _step(lv: _Live, turn: Turn, cfg: RolloutConfig, renderer: ChatRenderer) -> 
     action = info.get("action")
     turn.action = None if action is None else str(action)
     turn.terminated, turn.truncated = bool(res.terminated), bool(res.truncated)
-    turn.media += [m for m in info.get("media", []) or [] if isinstance(m, MediaRef)]  # after the prompt's images
+    # after the prompt's images; a new list: the copy kept in case the step hangs shares the old one
+    turn.media = [*turn.media, *(m for m in info.get("media", []) or [] if isinstance(m, MediaRef))]
     turn.info = {k: v for k, v in info.items() if k != "media" and _is_jsonable(v)}
     turn.tool_call = _tool_call(info.get("tool_call"))
     if isinstance(info.get("tool_latency_s"), int | float):
