@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -113,3 +114,25 @@ def test_training_pixels_equal_the_rollouts(stored, vision_model, renderer):
     sub = again.select(torch.tensor([2, 0]))
     assert torch.equal(sub.image_row, torch.tensor([0] * 3 + [1] * 3))
     assert torch.equal(sub.pixel_values, torch.cat([again.pixel_values[6:9], again.pixel_values[0:3]]))
+
+
+def test_images_go_to_an_s3_blob_store_when_the_store_has_one(tmp_path, monkeypatch, policy, vision_model, renderer):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "store"))
+    from store_services import moto_server  # the S3 emulator the store tests use (scripts/setup/store.sh)
+
+    for k, v in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                 ("AWS_DEFAULT_REGION", "us-east-1")):
+        monkeypatch.setenv(k, v)
+    with moto_server() as endpoint:
+        store = open_store(f"sqlite:///{tmp_path}/s3.db?blob=s3://imgs/run&s3_endpoint={endpoint}")
+        eps = run_episodes(policy, lambda: lake("first"), specs(2), rollout_config(3), generator=gen(), media=store)
+        back = store.get_many(store.put_many(eps))
+        refs = [m for e in back for t in e.turns for m in t.media]
+        assert refs and all(r.url.startswith("s3://imgs/run/sha256/") for r in refs)
+        live = collate(eps, pad_id=0, images=image_inputs(vision_model, store))
+        again = collate(back, pad_id=0, images=image_inputs(vision_model, store))
+        assert torch.equal(live.pixel_values, again.pixel_values)
+        store.blobs.delete(refs[-1].url)
+        with pytest.raises(StoreError, match=refs[-1].url):
+            collate(back, pad_id=0, images=image_inputs(vision_model, store))
+        store.close()
