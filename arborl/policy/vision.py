@@ -108,11 +108,19 @@ class PatchVLMForCausalLM(LlamaForCausalLM):
 
     def forward(self, input_ids: torch.Tensor | None = None, pixel_values: torch.Tensor | None = None,
                 inputs_embeds: torch.Tensor | None = None, **kwargs: Any) -> Any:
-        """:class:`LlamaForCausalLM`'s forward; with ``pixel_values`` the placeholders carry the images."""
+        """:class:`LlamaForCausalLM`'s forward; with ``pixel_values`` the placeholders carry the images.
+
+        Raises:
+            ValueError: ``input_ids`` hold placeholders and no ``pixel_values`` came with them (a
+                forward pass that silently read images as plain tokens would train on other inputs).
+        """
+        img = self.config.image_token_id
         if pixel_values is not None:
             inputs_embeds, input_ids = self.embed_inputs(input_ids, pixel_values), None
+        elif input_ids is not None and img is not None and bool((input_ids == img).any()):
+            raise ValueError("the input has image placeholders but no pixel_values; pass the images "
+                             "(training: collate(..., images=arborl.rollout.media.image_inputs(model, store)))")
         out = super().forward(input_ids=input_ids, inputs_embeds=inputs_embeds, **kwargs)
-        img = self.config.image_token_id
         if img is not None and out.logits is not None:
             hide = torch.zeros(out.logits.shape[-1], dtype=torch.bool, device=out.logits.device)
             hide[img] = True

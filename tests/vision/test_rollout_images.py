@@ -107,12 +107,15 @@ def test_rollout_logprobs_equal_recomputed_ones_with_images(vision_model, render
     pad = renderer.tokenizer.pad_token_id
     logp, old = _recomputed(vision_model, eps, media, pad)
     assert float((logp - old).abs().max()) < 1e-5
-    # the images are part of the computation: placeholders without them give other numbers
     with pytest.raises(ValueError, match="placeholders"):
         vision_model.embed_inputs(torch.tensor([[1]]), _pixels(vision_model, [ColourEnv.picture(1)]))
-    with torch.no_grad():
-        blind, _ = _recomputed(vision_model, eps, media, pad, images=False)
-    assert float((blind - old).abs().max()) > 1e-3
+    with pytest.raises(ValueError, match="no pixel_values"):  # a forward that forgot the images is refused
+        _recomputed(vision_model, eps, media, pad, images=False)
+    batch = collate(eps, pad_id=pad, images=image_inputs(vision_model, media))
+    with torch.no_grad():  # other pictures, other numbers: the log-probs depend on the images
+        other = token_logprobs(vision_model, batch.input_ids, batch.attention_mask, positions=batch.loss_mask,
+                               pixel_values=batch.pixel_values.flip(0))
+    assert float((other * batch.loss_mask - old).abs().max()) > 1e-4
 
 
 def test_continuations_feed_their_prefix_images_from_the_kept_row_or_the_store(vision_model, renderer):
