@@ -13,7 +13,7 @@ How an image travels (docs/multimodal.md):
 3. The chat template renders each marker as one ``<image>`` token; :func:`expand_markers` widens
    it to the policy's ``tokens_per_image`` placeholder tokens, which are the prompt ids recorded
    on the turn and fed to the model, whose image features replace them
-   (:func:`arborl.policy.vision.embed_inputs`).
+   (:meth:`arborl.policy.vision.PatchVLMForCausalLM.embed_inputs`).
 4. Training (:class:`ImageInputs`) reads the refs back in turn order, decodes the PNGs (lossless:
    the same uint8 pixels the rollout fed) and gives the same features the same placeholders.
 
@@ -33,7 +33,7 @@ import torch
 
 from arborl.policy.vision import IMAGE_MARKER, ImageSpec, image_spec
 from arborl.store.base import StoreError
-from arborl.trajectory.schema import Episode, MediaRef, Turn
+from arborl.trajectory.schema import MediaRef, Turn
 
 IMAGE_MIME = "image/png"
 DECODED_CACHE = 65536
@@ -252,11 +252,6 @@ class ImageInputs:
         if not images:
             return None
         return self.to_pixels(images), torch.tensor(row_of, dtype=torch.long)
-
-
-def episode_has_images(ep: Episode) -> bool:
-    """Whether any turn of ``ep`` references an image."""
-    return any(m.mime.startswith("image/") for t in ep.turns for m in t.media)
 
 
 def media_of(sink: Any) -> MediaSink:
