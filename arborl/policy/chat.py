@@ -40,7 +40,15 @@ def observation_text(obs: Observation) -> str:
     """Human-readable text of an observation (message contents joined by newlines)."""
     if isinstance(obs, str):
         return obs
-    return "\n".join(str(m.get("content", "")) for m in obs)
+    return "\n".join(_content_text(m.get("content", "")) for m in obs)
+
+
+def _content_text(content: Any) -> str:
+    """A message's text; a multimodal part list (``{"type": "text"|"image", ...}``) reads ``<image>`` for an image."""
+    if not isinstance(content, list):
+        return str(content)
+    return " ".join(str(p.get("text", "")) if p.get("type") == "text" else "<image>" for p in content
+                    if isinstance(p, dict))
 
 
 class ChatRenderer:

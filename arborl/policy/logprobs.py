@@ -53,6 +53,8 @@ def _body_and_head(model) -> tuple[torch.nn.Module, torch.nn.Module] | None:
     cfg = model.config
     if any(getattr(cfg, name, None) not in (None, 1, 1.0) for name in _LOGIT_POSTPROCESSING):
         return None
+    if getattr(cfg, "image_token_id", None) is not None:  # a vision policy masks its placeholder's logit
+        return None
     return body, head
 
 
@@ -64,9 +66,10 @@ def _entropy(logp_all: torch.Tensor, mode: str) -> torch.Tensor | None:
         return -(logp_all.exp() * logp_all).sum(-1)
 
 
-def _full(model, input_ids, mask, position_ids, temperature, entropy):
+def _full(model, input_ids, mask, position_ids, temperature, entropy, pixel_values=None):
     """Every position's logits: ``(B, T)`` log-probs and entropies (or None)."""
-    out = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False)
+    images = {} if pixel_values is None else {"pixel_values": pixel_values}  # a vision policy's images
+    out = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False, **images)
     logits = out.logits[:, :-1].float() / temperature  # (B, T-1, V): predicts tokens 1..T-1
     logp_all = torch.log_softmax(logits, dim=-1)  # (B, T-1, V)
     picked = logp_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # (B, T-1)
@@ -96,11 +99,15 @@ def _selective(body, head, input_ids, mask, position_ids, temperature, entropy, 
     return scatter(picked), None if ent is None else scatter(ent)
 
 
-def _logprobs(model, input_ids, attention_mask, temperature, positions, entropy):
+def _logprobs(model, input_ids, attention_mask, temperature, positions, entropy, pixel_values=None):
     mask = _check(input_ids, attention_mask, temperature)
     position_ids = (mask.cumsum(-1) - 1).clamp_min(0)  # (B, T)
-    if positions is None:
-        return _full(model, input_ids, mask, position_ids, temperature, entropy)
+    if positions is None or pixel_values is not None:
+        logp, ent = _full(model, input_ids, mask, position_ids, temperature, entropy, pixel_values)
+        if positions is None:
+            return logp, ent
+        keep = positions.to(logp.dtype)
+        return logp * keep, None if ent is None else ent * keep
     if positions.shape != input_ids.shape:
         raise ValueError(f"positions shape {tuple(positions.shape)} differs from input_ids {tuple(input_ids.shape)}")
     parts = _body_and_head(model)
@@ -119,6 +126,7 @@ def token_logprobs_and_entropy(
     temperature: float = 1.0,
     positions: torch.Tensor | None = None,
     entropy_grad: bool = True,
+    pixel_values: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of each token given the tokens before it, and the entropy of that prediction.
 
@@ -131,6 +139,8 @@ def token_logprobs_and_entropy(
             loss mask); the others get 0 and cost no output-layer work. ``None``: every token.
         entropy_grad: When False the entropy is a detached diagnostic (no full-vocabulary
             softmax enters the autograd graph); pass ``entropy_coef != 0``.
+        pixel_values: A vision policy's images, in the order of their placeholder runs in
+            ``input_ids`` (row-major; :mod:`arborl.policy.vision`). ``None``: text only.
 
     Returns:
         ``(logprobs, entropy)``, both ``(B, T)`` float32: ``logprobs[b, t]`` is
@@ -138,7 +148,7 @@ def token_logprobs_and_entropy(
         predictive distribution; position 0, padding positions and positions not wanted are 0.
     """
     logp, ent = _logprobs(model, input_ids, attention_mask, temperature, positions,
-                          "grad" if entropy_grad else "detached")
+                          "grad" if entropy_grad else "detached", pixel_values)
     return logp, ent
 
 
@@ -149,9 +159,10 @@ def token_logprobs(
     *,
     temperature: float = 1.0,
     positions: torch.Tensor | None = None,
+    pixel_values: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``(B, T)`` log-prob of each token given the tokens before it (see :func:`token_logprobs_and_entropy`).
 
     Entropy is not computed.
     """
-    return _logprobs(model, input_ids, attention_mask, temperature, positions, "none")[0]
+    return _logprobs(model, input_ids, attention_mask, temperature, positions, "none", pixel_values)[0]

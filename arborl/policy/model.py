@@ -36,6 +36,7 @@ from transformers import (
     Qwen2Config,
 )
 
+from arborl.policy import vision
 from arborl.policy.portable import CheckpointError, save_tokenizer, stock_tokenizer_problem
 
 ATTN_IMPLEMENTATION = "eager"
@@ -67,6 +68,11 @@ class ModelConfig:
     """Share the input embedding and output projection matrices."""
     rope_theta: float = 10000.0
     """Base of the rotary position embedding frequencies."""
+    image_size: int = 0
+    """Side in pixels of the images the policy reads (a patch encoder before the LM, see
+    :mod:`arborl.policy.vision`; ``arch`` must be ``llama``); 0: a text-only policy."""
+    patch_size: int = 4
+    """Side of an image patch; each patch is one placeholder token (used when ``image_size`` > 0)."""
 
     def __post_init__(self) -> None:
         if self.arch not in ("qwen2", "llama"):
@@ -91,6 +97,9 @@ class ModelConfig:
                 f"ModelConfig.num_kv_heads ({self.num_kv_heads}) does not divide num_heads ({self.num_heads}); "
                 "use a divisor of num_heads"
             )
+        if self.image_size and (self.arch != "llama" or self.image_size % self.patch_size):
+            raise ValueError(f"ModelConfig: image_size {self.image_size} needs arch 'llama' and a patch_size that "
+                             f"divides it (got arch {self.arch!r}, patch_size {self.patch_size})")
         if not self.rope_theta > 0:
             raise ValueError(f"ModelConfig.rope_theta is {self.rope_theta!r}; use a positive number")
 
@@ -100,7 +109,8 @@ def build_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, *, seed: i
 
     Args:
         cfg: Model shape.
-        tokenizer: Tokenizer the model reads; it must define ``eos_token_id`` and ``pad_token_id``.
+        tokenizer: Tokenizer the model reads; it must define ``eos_token_id`` and ``pad_token_id``. With
+            ``cfg.image_size`` the ``<image>`` placeholder token is added to it (save it with the model).
         seed: Seed of the weight initialisation (same seed, same weights).
 
     Returns:
@@ -112,6 +122,7 @@ def build_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, *, seed: i
     """
     if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
         raise ValueError("the tokenizer has no eos_token or pad_token; set both before building a model")
+    image_token = vision.add_image_token(tokenizer) if cfg.image_size else None  # the tokenizer gains <image>
     _require_portable(tokenizer, cfg.arch, "cannot build this policy")
     common = dict(
         vocab_size=len(tokenizer),
@@ -127,7 +138,11 @@ def build_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, *, seed: i
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
     )
-    hf_cfg = Qwen2Config(**common) if cfg.arch == "qwen2" else LlamaConfig(**common)
+    if image_token is not None:
+        hf_cfg = vision.vision_config(common, image_size=cfg.image_size, patch_size=cfg.patch_size,
+                                      image_token_id=image_token)
+    else:
+        hf_cfg = Qwen2Config(**common) if cfg.arch == "qwen2" else LlamaConfig(**common)
     hf_cfg._attn_implementation = ATTN_IMPLEMENTATION
     # Seed a private generator state: building a model must not disturb the caller's RNG stream.
     with torch.random.fork_rng(devices=[]):

@@ -61,6 +61,10 @@ slot), so the next turn starts when the slowest step is back. Each call has the 
 ``cfg.env_timeout_s``; an overdue one stops its episode ("env_error", the error names the
 deadline) and its env is never used again. Results are collected in slot order and envs share
 no state through the engine, so the episodes are the same whatever the thread timing.
+
+Images. An observation's image parts are stored through ``media`` and referenced on the turn that
+shows them; their placeholders stay in the cache, so later turns attend over every earlier image
+(:mod:`arborl.rollout.media`, ``docs/multimodal.md``).
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -82,6 +86,7 @@ from arborl.policy.chat import ChatRenderer, observation_text
 from arborl.rollout.config import EpisodeSpec, RolloutConfig
 from arborl.rollout.generate import TurnOutput, TurnRequest
 from arborl.rollout.kvcache import PrefixCache
+from arborl.rollout.media import Eyes, MediaSink, split_images
 from arborl.rollout.policy import Policy, PolicySession
 from arborl.rollout.workers import Overdue, WorkerPool
 from arborl.trajectory.schema import Episode, MediaRef, StopReason, ToolCall, Turn, new_id
@@ -106,6 +111,12 @@ class _Live:
     success: float | None = None
     hung: bool = False
     """The last env call passed its deadline: the env may still be running it."""
+    eyes: Eyes = field(default_factory=Eyes)
+    """How images in observations are handled (:mod:`arborl.rollout.media`)."""
+    images: list[Any] = field(default_factory=list)
+    """Images of ``prompt`` (then of the prefix too, until the first turn feeds them), in order."""
+    media: list[MediaRef] = field(default_factory=list)
+    """Their references in the media store, for the turn that shows them."""
 
 
 def run_episodes(
@@ -119,6 +130,7 @@ def run_episodes(
     iteration: int = -1,
     source: str = "rl",
     prefix_cache: PrefixCache | None = None,
+    media: MediaSink | None = None,
 ) -> list[Episode]:
     """Run one episode per spec, batched, and return them in spec order.
 
@@ -136,6 +148,8 @@ def run_episodes(
         source: Stage recorded on episodes ("rl", "synth", "eval", ...).
         prefix_cache: Keep every finished policy sample's cache row here (by episode id), and start
             continuations (specs with a ``prefix``) from their trunk's kept row.
+        media: Where images of observations go (a store: ``put_media``); the turns reference them
+            (:mod:`arborl.rollout.media`). Needed only by envs whose observations carry images.
 
     Returns:
         One :class:`~arborl.trajectory.schema.Episode` per spec, each a linear chain of turns (a
@@ -154,6 +168,7 @@ def run_episodes(
     free = list(range(n_slots - 1, -1, -1))
     live: dict[int, tuple[int, _Live]] = {}
     meta = (policy_version, iteration, source)
+    eyes = Eyes(getattr(policy, "images", None), media)
 
     def finish(slot: int, stop_reason: StopReason) -> None:
         index, lv = live.pop(slot)
@@ -170,7 +185,7 @@ def run_episodes(
     try:
         while queue or live:
             starting = [(free.pop(), *queue.popleft()) for _ in range(min(len(queue), len(free)))]
-            for slot, index, lv in _start_all(starting, pool, workers, policy.renderer, meta, cfg.env_timeout_s):
+            for slot, index, lv in _start_all(starting, pool, workers, policy.renderer, meta, cfg.env_timeout_s, eyes):
                 if isinstance(lv, Episode):  # reset failed
                     results[index] = lv
                     if pool.recycle(slot, failed=True):
@@ -219,7 +234,7 @@ def _play_turn(
         budget = min(cfg.sampling.max_new_tokens, limit - lv.n_tokens - len(lv.prompt) - 1)
         prefix, lv.prefix_ids = lv.prefix_ids or [], None
         requests.append(TurnRequest(slot=slot, prompt_ids=lv.prompt, max_new_tokens=budget, env=lv.env,
-                                    forced_ids=_forced_ids(lv, renderer), prefix_ids=prefix,
+                                    forced_ids=_forced_ids(lv, renderer), prefix_ids=prefix, images=lv.images,
                                     prefix_key=lv.spec.origin.of if prefix and lv.spec and lv.spec.origin else None))
     t0 = time.perf_counter()
     outs = session.generate(requests)
@@ -258,10 +273,10 @@ def _forced_ids(lv: _Live, renderer: ChatRenderer) -> list[int] | None:
 
 def _start_all(
     starting: list[tuple[int, int, EpisodeSpec]], pool: _EnvPool, workers: WorkerPool, renderer: ChatRenderer,
-    meta: tuple[int, int, str], timeout_s: float,
+    meta: tuple[int, int, str], timeout_s: float, eyes: Eyes,
 ) -> list[tuple[int, int, _Live | Episode]]:
     """Start the ``(slot, index, spec)`` episodes concurrently: ``(slot, index, live or failed episode)``."""
-    started = workers.run_calls([lambda s=slot, sp=spec: _start(sp, pool, s, renderer, meta)
+    started = workers.run_calls([lambda s=slot, sp=spec: _start(sp, pool, s, renderer, meta, eyes)
                                  for slot, _, spec in starting], timeout_s)
     out: list[tuple[int, int, _Live | Episode]] = []
     for (slot, index, spec), lv in zip(starting, started, strict=True):
@@ -293,7 +308,7 @@ def _path_tokens(turns: list[Turn]) -> list[int]:
 
 
 def _start(
-    spec: EpisodeSpec, pool: _EnvPool, slot: int, renderer: ChatRenderer, meta: tuple[int, int, str]
+    spec: EpisodeSpec, pool: _EnvPool, slot: int, renderer: ChatRenderer, meta: tuple[int, int, str], eyes: Eyes,
 ) -> _Live | Episode:
     """Reset the slot's env and render the first prompt; an Episode (stop "env_error") if that fails."""
     try:
@@ -303,14 +318,14 @@ def _start(
     else:
         factory_error = None
     ep = _episode(spec, _env_name(env) if env is not None else None, meta)
-    lv = _Live(episode=ep, env=env, slot=slot, obs_text="", prompt=[], state_key=None, spec=spec)
+    lv = _Live(episode=ep, env=env, slot=slot, obs_text="", prompt=[], state_key=None, spec=spec, eyes=eyes)
     try:
         if factory_error is not None:
             raise RuntimeError(factory_error)
         obs, _ = env.reset(seed=spec.seed, options=spec.options)
-        shown = _shown(env, obs)
+        shown = _see(lv, _shown(env, obs))
         lv.state_key = _key_text(env.state_key())
-        lv.prompt = renderer.first_prompt(shown)
+        lv.prompt = lv.eyes.prompt(renderer.first_prompt(shown), lv.images)
         lv.obs_text = observation_text(shown)
         if spec.prefix and _replay_prefix(lv, renderer) is not None:
             return ep  # the env ended inside the prefix: nothing to continue (a diverged continuation)
@@ -339,11 +354,12 @@ def _replay_prefix(lv: _Live, renderer: ChatRenderer) -> StopReason | None:
             ep.stop_reason = "terminated" if res.terminated else "truncated"
             ep.rewards = {"success": lv.success, "return": lv.returns}
             return ep.stop_reason
-        shown = _shown(lv.env, res.obs)
+        shown = _see(lv, _shown(lv.env, res.obs))
         lv.state_key = _key_text(lv.env.state_key())
-        lv.prompt = renderer.next_prompt(shown)
+        lv.prompt = lv.eyes.prompt(renderer.next_prompt(shown), lv.images)
         lv.obs_text = observation_text(shown)
     lv.prefix_ids = _path_tokens(list(prefix))
+    lv.images = lv.eyes.reload(prefix) + lv.images  # the prefix's images, then the prompt's
     lv.n_tokens = len(lv.prefix_ids)
     return None
 
@@ -393,6 +409,7 @@ def _record(lv: _Live, out: TurnOutput, gen_s: float, renderer: ChatRenderer, po
         state_key=lv.state_key,
         policy_version=policy_version if out.policy_version is None else out.policy_version,
         timings={"generate": gen_s},
+        media=list(lv.media),
     )
     ep.add_turn(turn)
     lv.n_tokens += len(lv.prompt) + len(out.ids)
@@ -426,7 +443,8 @@ def _step(lv: _Live, turn: Turn, cfg: RolloutConfig, renderer: ChatRenderer) -> 
     action = info.get("action")
     turn.action = None if action is None else str(action)
     turn.terminated, turn.truncated = bool(res.terminated), bool(res.truncated)
-    turn.media = [m for m in info.get("media", []) or [] if isinstance(m, MediaRef)]
+    # after the prompt's images; a new list: the copy kept in case the step hangs shares the old one
+    turn.media = [*turn.media, *(m for m in info.get("media", []) or [] if isinstance(m, MediaRef))]
     turn.info = {k: v for k, v in info.items() if k != "media" and _is_jsonable(v)}
     turn.tool_call = _tool_call(info.get("tool_call"))
     if isinstance(info.get("tool_latency_s"), int | float):
@@ -436,7 +454,7 @@ def _step(lv: _Live, turn: Turn, cfg: RolloutConfig, renderer: ChatRenderer) -> 
     lv.returns += reward
     if "success" in info and info["success"] is not None:
         lv.success = 1.0 if info["success"] else 0.0
-    shown = _shown(lv.env, res.obs)
+    shown, images = split_images(_shown(lv.env, res.obs))
     turn.result = observation_text(shown)
     if turn.terminated:
         return "terminated"
@@ -446,7 +464,8 @@ def _step(lv: _Live, turn: Turn, cfg: RolloutConfig, renderer: ChatRenderer) -> 
         turn.truncated = True
         return "max_turns"
     lv.state_key = _key_text(lv.env.state_key())
-    lv.prompt = renderer.next_prompt(shown)
+    lv.images, lv.media = images, lv.eyes.store(images)  # stored only when a next turn shows them
+    lv.prompt = lv.eyes.prompt(renderer.next_prompt(shown), lv.images)
     lv.obs_text = turn.result
     return None
 
@@ -556,6 +575,13 @@ def _shown(env: Env, obs: Any) -> Any:
     if isinstance(shown, str):
         return storable_text(shown)
     return [{**m, "content": storable_text(m["content"])} if isinstance(m.get("content"), str) else m for m in shown]
+
+
+def _see(lv: _Live, shown: Any) -> Any:
+    """The observation with its images taken out (markers in their place); they are stored and kept on ``lv``."""
+    shown, images = split_images(shown)
+    lv.images, lv.media = images, lv.eyes.store(images)
+    return shown
 
 
 def _is_jsonable(value: Any) -> bool:

@@ -10,6 +10,11 @@ Continuations (branches, tree rollouts) name the tokens they share with a finish
 (:attr:`TurnRequest.prefix_ids`); with a :class:`~arborl.rollout.kvcache.PrefixCache` the
 session seeds the new row with the trunk's kept keys and values and prefills only what the
 trunk's row does not hold (:meth:`LMSession.keep` keeps a finished row).
+
+Images (a vision policy, :mod:`arborl.policy.vision`): a request's images go with its prompt chunk
+into the prefill as ``pixel_values``, in the order of their placeholder runs; the cache then holds
+them, so every later turn attends over every earlier image. Images inside a prefix taken from a
+kept row are not fed again; without cache reuse the whole history's images are fed every turn.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import PreTrainedModel
 
@@ -45,6 +51,9 @@ class TurnRequest:
     fed with the prompt, or taken from the kept row ``prefix_key`` as far as that row holds them."""
     prefix_key: Hashable | None = None
     """Key of the trunk's kept row in the session's :class:`~arborl.rollout.kvcache.PrefixCache`."""
+    images: list[Any] = field(default_factory=list)
+    """Canonical images (:mod:`arborl.rollout.media`) of the placeholder runs in ``prefix_ids`` and
+    ``prompt_ids``, in order (a vision policy only)."""
 
 
 @dataclass
@@ -75,6 +84,11 @@ class LMSession:
         num_threads: torch intra-op threads during :meth:`generate` (``None``: unchanged).
         prefix_cache: Kept rows of finished trunks (:meth:`keep` adds to it; new slots with a
             ``prefix_key`` are seeded from it). ``None``: every prefix is prefilled.
+        images: A vision policy's :class:`~arborl.policy.vision.ImageSpec` (``None``: text only;
+            a request with images is then refused).
+        drop_earlier_images: Feed earlier turns' images as blank (grey) pictures, keeping only the
+            current turn's: an ablation that shows what the cross-turn image context is worth
+            (needs ``reuse_cache=False``).
     """
 
     def __init__(
@@ -88,8 +102,14 @@ class LMSession:
         reuse_cache: bool = True,
         num_threads: int | None = None,
         prefix_cache: PrefixCache | None = None,
+        images: Any = None,
+        drop_earlier_images: bool = False,
     ) -> None:
+        if drop_earlier_images and reuse_cache:
+            raise ValueError("drop_earlier_images needs reuse_cache=False (the cache holds the earlier images)")
         self.model = model
+        self.images = images  # an arborl.policy.vision.ImageSpec, or None (text only)
+        self.drop_earlier_images = drop_earlier_images
         self.prefix_cache = prefix_cache if reuse_cache else None
         self.num_threads = num_threads
         self.end_token_ids = list(end_token_ids)
@@ -108,6 +128,7 @@ class LMSession:
         self._reset()
         self._pending: dict[int, list[int]] = {}  # slot -> sampled tokens not yet fed
         self._history: dict[int, list[int]] = {}  # slot -> all tokens (only without cache reuse)
+        self._history_images: dict[int, list[Any]] = {}  # slot -> all images (only without cache reuse)
         self._released: set[int] = set()
 
     # --- public -----------------------------------------------------------------------------
@@ -116,6 +137,7 @@ class LMSession:
         self._released.add(slot)
         self._pending.pop(slot, None)
         self._history.pop(slot, None)
+        self._history_images.pop(slot, None)
 
     def keep(self, slot: int, key: Hashable, ids: list[int]) -> None:
         """Keep ``slot``'s cache row in the prefix cache under ``key`` (call before :meth:`release`).
@@ -162,14 +184,21 @@ class LMSession:
         new = [s for s in by_slot if s not in kept]
         self._replace_rows(new)
         unfed = {s: self._seed(s, by_slot[s]) for s in new}
-        chunks = []
+        chunks, images = [], []
         for s in self._rows:
+            req = by_slot[s]
             if self.reuse_cache:
-                chunk = self._pending.pop(s, []) + unfed.get(s, []) + list(by_slot[s].prompt_ids)
+                chunk = self._pending.pop(s, []) + unfed.get(s, []) + list(req.prompt_ids)
+                # images inside the prefix part a kept row already holds are not fed again
+                images += req.images[self._image_count(req.prefix_ids[:len(req.prefix_ids) - len(unfed.get(s, []))]):]
             else:
-                history = self._history.setdefault(s, list(by_slot[s].prefix_ids))
-                chunk = history + self._pending.pop(s, []) + list(by_slot[s].prompt_ids)
+                history = self._history.setdefault(s, list(req.prefix_ids))
+                chunk = history + self._pending.pop(s, []) + list(req.prompt_ids)
                 self._history[s] = list(chunk)
+                earlier = self._history_images.get(s, [])
+                self._history_images[s] = earlier + list(req.images)
+                images += [np.full_like(im, 128) for im in earlier] if self.drop_earlier_images else earlier
+                images += list(req.images)
             if not chunk:
                 raise ValueError(f"slot {s}: empty prompt chunk; every turn needs at least one new token")
             chunks.append(chunk)
@@ -179,9 +208,24 @@ class LMSession:
             raise ValueError("max_new_tokens must be >= 1 for every request (and forced_ids must not be empty)")
         if self._mask.shape[1] and self._waste() > COMPACT_WASTE:
             self._compact()
-        logits = self._prefill(chunks)
+        logits = self._prefill(chunks, self._pixels(images))
         outs = self._decode(logits, limits, forced)
         return [outs[self._rows.index(r.slot)] for r in requests]
+
+    def _image_count(self, ids: list[int]) -> int:
+        """How many images the placeholder runs in ``ids`` stand for."""
+        if self.images is None or not ids:
+            return 0
+        return sum(1 for t in ids if t == self.images.token_id) // self.images.tokens_per_image
+
+    def _pixels(self, images: list[Any]) -> torch.Tensor | None:
+        """The prefill's ``pixel_values`` (``None`` without images)."""
+        if not images:
+            return None
+        if self.images is None:
+            raise ValueError("the observation carries images but the policy reads text only; use a vision policy "
+                             "(policy.model.image_size > 0, arborl.policy.vision)")
+        return self.images.to_pixels(images).to(self.device)
 
     # --- cache rows -------------------------------------------------------------------------
     def _reset(self) -> None:
@@ -256,9 +300,11 @@ class LMSession:
         self._mask = self._mask.gather(1, idx)
 
     # --- forward passes ---------------------------------------------------------------------
-    def _forward(self, ids: torch.Tensor, new_mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Feed ``(B, C)`` tokens after the cache; returns the ``(B, V)`` logits of the last column."""
+    def _forward(self, ids: torch.Tensor, new_mask: torch.Tensor, positions: torch.Tensor,
+                 pixel_values: torch.Tensor | None = None) -> torch.Tensor:
+        """Feed ``(B, C)`` tokens (and the images of their placeholders) after the cache; ``(B, V)`` last logits."""
         self._mask = torch.cat([self._mask, new_mask], dim=1)  # (B, L + C)
+        images = {} if pixel_values is None else {"pixel_values": pixel_values}
         out = self.model(
             input_ids=ids,
             attention_mask=self._mask,
@@ -266,10 +312,11 @@ class LMSession:
             cache=self._cache,
             use_cache=True,
             logits_to_keep=1,
+            **images,
         )
         return out.logits[:, -1]
 
-    def _prefill(self, chunks: list[list[int]]) -> torch.Tensor:
+    def _prefill(self, chunks: list[list[int]], pixel_values: torch.Tensor | None = None) -> torch.Tensor:
         width = max(len(c) for c in chunks)
         # Left-pad so every row's last real token sits in the last column.
         ids = torch.full((len(chunks), width), self.pad_token_id, dtype=torch.long)
@@ -280,7 +327,7 @@ class LMSession:
         ids, new_mask = ids.to(self.device), new_mask.to(self.device)
         # Positions count real tokens only; pad columns get a dummy (masked) position.
         positions = self._n_real[:, None] + (new_mask.cumsum(1) - 1).clamp_min(0)  # (B, C)
-        logits = self._forward(ids, new_mask, positions)
+        logits = self._forward(ids, new_mask, positions, pixel_values)
         self._n_real = self._n_real + new_mask.sum(1)
         return logits
 

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from arborl.credit import StepBatch
 from arborl.rollout.branch import credited_turns
+from arborl.rollout.media import ImageInputs
 from arborl.trajectory import Episode, linearize
 from arborl.trajectory.schema import LinearView
 
@@ -30,6 +31,9 @@ class TokenBatch:
         loss_mask: ``[B, T]`` float, 1 on trained (model-generated) tokens.
         old_logp: ``[B, T]`` behaviour log-probs (0 where not generated).
         step_of_token: ``[B, T]`` long, global step index (into the StepBatch) of each token, -1 on padding.
+        pixel_values: ``[N, C, H, W]`` images of a vision policy's placeholder runs, row by row in
+            token order (``None``: no images); rebuilt from the stored references.
+        image_row: ``[N]`` long, the row of each image.
     """
 
     input_ids: Tensor
@@ -37,13 +41,22 @@ class TokenBatch:
     loss_mask: Tensor
     old_logp: Tensor
     step_of_token: Tensor
+    pixel_values: Tensor | None = None
+    image_row: Tensor | None = None
 
     def select(self, rows: Tensor) -> TokenBatch:
-        """Rows ``rows`` as a new batch, trimmed to their longest sequence."""
+        """Rows ``rows`` as a new batch, trimmed to their longest sequence (with their images, in the new row order)."""
         width = int(self.attention_mask[rows].sum(-1).max().item()) if len(rows) else 1
-        return TokenBatch(
-            *(t[rows, :width] for t in (self.input_ids, self.attention_mask, self.loss_mask, self.old_logp, self.step_of_token))
-        )
+        tensors = (t[rows, :width] for t in (self.input_ids, self.attention_mask, self.loss_mask, self.old_logp,
+                                             self.step_of_token))
+        if self.pixel_values is None or self.image_row is None:
+            return TokenBatch(*tensors)
+        picks = [(self.image_row == r).nonzero()[:, 0] for r in rows.tolist()]
+        idx = torch.cat(picks) if picks else self.image_row[:0]
+        if not len(idx):
+            return TokenBatch(*tensors)
+        new_row = torch.cat([torch.full((len(p),), i, dtype=torch.long) for i, p in enumerate(picks)])
+        return TokenBatch(*tensors, self.pixel_values[idx], new_row)
 
 
 def length_chunks(batch: TokenBatch, size: int) -> list[Tensor]:
@@ -59,12 +72,13 @@ def length_chunks(batch: TokenBatch, size: int) -> list[Tensor]:
     return list(order.split(size))
 
 
-def collate(episodes: Sequence[Episode], *, pad_id: int = 0) -> TokenBatch:
+def collate(episodes: Sequence[Episode], *, pad_id: int = 0, images: ImageInputs | None = None) -> TokenBatch:
     """Flatten each episode's main path into padded tensors; steps are numbered globally in order.
 
     A continuation's shared prefix (its trunk's turns) is context only (loss mask 0: the trunk
     trains on them), and a branch episode is cut after its forced action turn: nothing later is
-    trained on, so it need not be in the forward pass.
+    trained on, so it need not be in the forward pass. With ``images`` (a vision policy), the
+    images the turns reference are read back from the store into ``pixel_values``.
     """
     views = [_trained_view(ep) for ep in episodes]
     width = max((len(v.input_ids) for v in views), default=1) or 1
@@ -83,7 +97,8 @@ def collate(episodes: Sequence[Episode], *, pad_id: int = 0) -> TokenBatch:
         old[i, :n] = torch.tensor(v.logprobs, dtype=torch.float32)
         sot[i, :n] = torch.tensor(v.turn_index, dtype=torch.long) + offset
         offset += len(v.turns)
-    return TokenBatch(ids, att, lmask, old, sot)
+    got = None if images is None else images.rows([v.turns[:max(v.turn_index, default=-1) + 1] for v in views])
+    return TokenBatch(ids, att, lmask, old, sot, *(got or ()))
 
 
 def _trained_view(ep: Episode) -> LinearView:

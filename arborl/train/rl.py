@@ -42,6 +42,7 @@ from arborl.credit import StepBatch, credit_on_groups, starpo_s_groups
 from arborl.env import Env
 from arborl.loss import ppo_clip_loss
 from arborl.policy import load_policy, save_policy, token_logprobs, token_logprobs_and_entropy
+from arborl.policy.vision import image_spec
 from arborl.policy.model import (
     add_lora,
     is_lora,
@@ -55,6 +56,7 @@ from arborl.rollout import RolloutConfig, run_episodes
 from arborl.rollout.branch import branch_specs
 from arborl.rollout.http_policy import rollout_policy
 from arborl.rollout.kvcache import PrefixCache
+from arborl.rollout.media import image_inputs, media_of
 from arborl.rollout.tree import tree_specs
 from arborl.rollout.vllm_policy import vllm_rollout_policy
 from arborl.tools.metrics import episode_metrics, tool_metrics
@@ -96,7 +98,8 @@ def _update(model, opt, cfg: TrainConfig, batch: TokenBatch, adv: Tensor, ref_lo
             sub = batch.select(mb)
             w = sub.input_ids.shape[1]
             logp, ent = token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, temperature=temp,
-                                                   positions=sub.loss_mask, entropy_grad=rc.entropy_coef != 0)
+                                                   positions=sub.loss_mask, entropy_grad=rc.entropy_coef != 0,
+                                                   pixel_values=sub.pixel_values)
             out = ppo_clip_loss(
                 logp, sub.old_logp, adv[mb, :w], sub.loss_mask,
                 clip_low=rc.clip_low, clip_high=rc.clip_high, clip_c=rc.clip_c, agg=rc.loss_agg,
@@ -124,7 +127,8 @@ def _ref_logprobs(ref, batch: TokenBatch, chunk: int, temperature: float) -> Ten
     for rows in length_chunks(batch, chunk):
         sub = batch.select(rows)
         out[rows, : sub.input_ids.shape[1]] = token_logprobs(ref, sub.input_ids, sub.attention_mask,
-                                                             temperature=temperature, positions=sub.loss_mask)
+                                                             temperature=temperature, positions=sub.loss_mask,
+                                                             pixel_values=sub.pixel_values)
     return out
 
 
@@ -260,6 +264,9 @@ def _worker(cfg: TrainConfig, lrn: _Learner, make_env: Callable[[], Env], action
     rc = cfg.rl
     if not rc.max_staleness:
         return None
+    if image_spec(lrn.model) is not None:
+        raise ConfigError("rl.max_staleness >= 1 is not supported for a vision policy yet: the rollout worker "
+                          "has no store to put the observations' images in; set rl.max_staleness = 0")
     seed = cfg.seed + 4 + start_it
     if rc.rollout_worker == "process":
         return RolloutProcess(cfg, start_path, lrn.model, start=start_it, stop=rc.iterations,
@@ -300,7 +307,8 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
     rc = cfg.rl
     phase = PhaseTimer()
     if worker is None:
-        ro = _rollout(cfg, it, lrn.model, lrn.tok, lrn.gen, lrn.task_gen, make_env, actions, task_type, it, phase)
+        ro = _rollout(cfg, it, lrn.model, lrn.tok, lrn.gen, lrn.task_gen, make_env, actions, task_type, it, phase,
+                      media=media_of(store))
     else:  # rl.max_staleness: sampled ahead by the worker; the wait for it is the rollout's share of the iteration
         with phase("rollout"):
             ro = worker.take(it)
@@ -317,8 +325,11 @@ def _iteration(cfg: TrainConfig, it: int, lrn: _Learner, make_env: Callable[[], 
 
 def _rollout(cfg: TrainConfig, it: int, model, tok, gen: torch.Generator, task_gen: torch.Generator,
              make_env: Callable[[], Env], actions: list[str], task_type: str, version: int,
-             phase: PhaseTimer) -> Rollout:
-    """Iteration ``it``'s group rollouts (plus tree continuations and branches) sampled by ``model`` at ``version``."""
+             phase: PhaseTimer, media=None) -> Rollout:
+    """Iteration ``it``'s group rollouts (plus tree continuations and branches) sampled by ``model`` at ``version``.
+
+    ``media``: where the images of observations go (the store; :func:`arborl.rollout.run_episodes`).
+    """
     rc = cfg.rl
     # rollout: G members per task share the seed, hence the initial state
     offsets = torch.randint(0, cfg.env.train_seed_count, (rc.tasks_per_iter,), generator=task_gen).tolist()
@@ -329,19 +340,19 @@ def _rollout(cfg: TrainConfig, it: int, model, tok, gen: torch.Generator, task_g
     trunk_kv = PrefixCache() if rc.branch or rc.tree else None  # trunk caches for the continuations
     with phase("rollout"):
         rolled = run_episodes(policy, make_env, specs, cfg.rollout, generator=gen,
-                              policy_version=version, iteration=it, source="rl", prefix_cache=trunk_kv)
+                              policy_version=version, iteration=it, source="rl", prefix_cache=trunk_kv, media=media)
     n_sampled = len(rolled)
     if rc.tree:  # k continuations re-sampled from picked turns of each group (timed with the branches)
         with phase("branch"):
             rolled += run_episodes(policy, make_env, tree_specs(rolled, k=rc.tree_k, nodes=rc.tree_nodes,
                                                                 select=rc.tree_select, generator=gen),
                                    cfg.rollout, generator=gen, policy_version=version, iteration=it,
-                                   source="rl-tree", prefix_cache=trunk_kv)
+                                   source="rl-tree", prefix_cache=trunk_kv, media=media)
     if rc.branch:  # every untried action at every visited state, finished by the policy
         with phase("branch"):
             rolled += run_episodes(policy, make_env, branch_specs(rolled[:n_sampled], actions),
                                    _branch_rollout_config(cfg), generator=gen, policy_version=version, iteration=it,
-                                   source="rl-branch", prefix_cache=trunk_kv)
+                                   source="rl-branch", prefix_cache=trunk_kv, media=media)
     return Rollout(rolled, n_sampled, version, {k: phase.seconds[k] for k in ("rollout", "branch")},
                    trunk_kv.reused_tokens if trunk_kv else 0, trunk_kv.prefilled_tokens if trunk_kv else 0)
 
@@ -364,7 +375,7 @@ def _learn(cfg: TrainConfig, it: int, lrn: _Learner, ro: Rollout, store, credit:
                            zero=broken if rc.error_policy == "zero" else None)
         groups = _kept_groups(rc, steps)  # rl.filter: the groups credit and the update see
         pad = lrn.tok.pad_token_id if lrn.tok.pad_token_id is not None else 0
-        batch = collate(trained, pad_id=pad)
+        batch = collate(trained, pad_id=pad, images=image_inputs(lrn.model, store))
         ctx = None
         if lrn.credit_model is not None:  # a credit model may read the store: the writes land first
             ctx = CreditContext(cfg, it, trained, steps, batch, lrn.model, lrn.tok, readable(store))

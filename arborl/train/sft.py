@@ -17,6 +17,7 @@ from arborl.env import Env
 from arborl.loss import sft_loss
 from arborl.policy import load_policy, save_policy, token_logprobs
 from arborl.policy.model import resolve_device, to_device
+from arborl.rollout.media import image_inputs
 from arborl.store.base import StoreError
 from arborl.store.url import redact
 from arborl.train.batch import collate
@@ -55,13 +56,15 @@ def train_sft(
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     demo_turns = sum(len(e.path()) for e in demos)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    images = image_inputs(model, store)  # a vision policy's images, read back by reference
     seen: set[int] = set()
     shown: dict[str, float] = {}
     for step in progress(range(sc.steps), "sft", status=shown):
         idx = torch.randint(len(demos), (sc.batch_size,), generator=gen).tolist()
         seen.update(idx)
-        batch = to_device(collate([demos[i] for i in idx], pad_id=pad), device)
-        logp = token_logprobs(model, batch.input_ids, batch.attention_mask, positions=batch.loss_mask)
+        batch = to_device(collate([demos[i] for i in idx], pad_id=pad, images=images), device)
+        logp = token_logprobs(model, batch.input_ids, batch.attention_mask, positions=batch.loss_mask,
+                              pixel_values=batch.pixel_values)
         out_loss = sft_loss(logp, batch.loss_mask)
         opt.zero_grad(set_to_none=True)
         out_loss.loss.backward()

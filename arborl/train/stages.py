@@ -22,7 +22,9 @@ from arborl.policy import (
     save_policy,
     train_tokenizer,
 )
+from arborl.policy.vision import image_spec
 from arborl.rollout import EpisodeSpec, ModelPolicy, RolloutConfig, ScriptedPolicy, run_episodes
+from arborl.rollout.media import MemoryMedia, media_of
 from arborl.tools.metrics import episode_metrics
 from arborl.train.common import task_type_of
 from arborl.train.config import TrainConfig
@@ -112,8 +114,9 @@ def synthesize(cfg: TrainConfig, make_env: Callable[[], Env], policy_path: Path,
     ``only_successful`` and ``seed_start`` default to ``synth.episodes``, ``synth.only_successful``
     and ``env.train_seed_start``.
     """
-    _, tok = load_policy(policy_path)
+    model, tok = load_policy(policy_path)
     renderer = ChatRenderer(tok, cfg.policy.system_prompt or None)
+    images = image_spec(model)  # a vision policy's placeholders: demonstrations get its token layout
 
     def expert(env: Env) -> str:
         fn = getattr(env, "expert_action", None)
@@ -133,8 +136,8 @@ def synthesize(cfg: TrainConfig, make_env: Callable[[], Env], policy_path: Path,
     chunks = [specs[i:i + size] for i in range(0, len(specs), size)]
     out: list[Episode] = []
     for chunk in progress(chunks, source, status=shown):
-        out += run_episodes(ScriptedPolicy(act or expert, renderer), make_env, chunk, cfg.rollout, generator=gen,
-                            policy_version=0, iteration=-1, source=source)
+        out += run_episodes(ScriptedPolicy(act or expert, renderer, images=images), make_env, chunk, cfg.rollout,
+                            generator=gen, policy_version=0, iteration=-1, source=source, media=media_of(store))
         shown.update(episodes=len(out), success=sum(1.0 for e in out if e.success) / len(out),
                      reward=sum(float(e.rewards.get("return") or 0.0) for e in out) / len(out))
     if cfg.synth.only_successful if only_successful is None else only_successful:
@@ -165,7 +168,8 @@ def evaluate(
     renderer = ChatRenderer(tokenizer, cfg.policy.system_prompt or None)
     gen = torch.Generator().manual_seed(cfg.seed + 7)
     eps = run_episodes(ModelPolicy(model, renderer), make_env, specs_for(cfg, task_type, seeds, group_prefix=label),
-                       rcfg, generator=gen, policy_version=policy_version, iteration=-1, source=label)
+                       rcfg, generator=gen, policy_version=policy_version, iteration=-1, source=label,
+                       media=MemoryMedia() if store is None else media_of(store))
     if store is not None:
         store.put_many(eps)
     n_eps = max(len(eps), 1)
