@@ -42,7 +42,6 @@ from arborl.credit import StepBatch, credit_on_groups, starpo_s_groups
 from arborl.env import Env
 from arborl.loss import ppo_clip_loss
 from arborl.policy import load_policy, save_policy, token_logprobs, token_logprobs_and_entropy
-from arborl.policy.vision import image_spec
 from arborl.policy.model import (
     add_lora,
     is_lora,
@@ -52,6 +51,7 @@ from arborl.policy.model import (
     set_training_options,
     to_device,
 )
+from arborl.policy.vision import image_spec
 from arborl.rollout import RolloutConfig, run_episodes
 from arborl.rollout.branch import branch_specs
 from arborl.rollout.http_policy import rollout_policy
