@@ -267,3 +267,18 @@ def test_grounded_reward_pays_a_wrong_answer_copied_from_a_result_and_nothing_el
     assert env.step(f"<answer>{last}</answer>").reward == 0.1
     with pytest.raises(ConfigError, match="grounded_reward"):
         search_r1_env(**env_kw, grounded_reward=1.0)
+
+
+def test_filler_false_serves_the_short_passages_from_a_server_of_its_own(data):
+    stop_services()
+    try:
+        full, short = search_r1_env(topk=1), search_r1_env(topk=1, filler=False)
+        assert running_services() == [("retriever", "generated:0", "bm25"), ("retriever", "generated:0:short", "bm25")]
+        assert full.table["search"]({"query": "Talia Roumstan born"}) == (
+            'Doc 1(Title: "Talia Roumstan") Talia Roumstan (born 1944) is an architect. He was born in Naethje. '
+            "Roumstan is known for careful, patient work.\n")
+        assert short.table["search"]({"query": "Talia Roumstan born"}) == (
+            'Doc 1(Title: "Talia Roumstan") Talia Roumstan was born in Naethje in 1944.\n')
+        assert short.tasks.train == data[1]  # the same questions
+    finally:
+        stop_services()
