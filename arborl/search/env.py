@@ -29,7 +29,8 @@ It composes, as every tool task does, a task source, a tool table and a reward:
   question's hops), ``first_query_subject`` (the first query names the subject, the title of the
   first supporting passage, as whole words), ``gold_retrieved`` (a gold answer was in some
   search result), ``answer_from_results`` (of the episodes that answered: the answer was copied
-  from a search result).
+  from a search result), ``em_new_answer`` (exact match of the questions whose gold answer no
+  training question has: a policy that recalls frequent answers instead of copying gets 0).
 * **Expert** (for ``synth``): the generator's oracle queries (:func:`arborl.search.oracle.oracle_actions`).
 
 ``spaced = true`` writes every punctuation mark as a word of its own in everything the model
@@ -119,6 +120,7 @@ class _SearchTask:
         self.train, self.test, self.test_seed_start = train, test, test_seed_start
         self.format_reward, self.text, self.titles = format_reward, text, titles
         self.grounded_reward = grounded_reward
+        self.train_answers = frozenset(normalize_answer(a) for q in train for a in q.golden_answers)
         self.env: ToolEnv | None = None  # the env this source serves (its calls are the episode's searches)
 
     def __call__(self, seed: int) -> Task:
@@ -152,6 +154,8 @@ class _SearchTask:
         """Which step of the search went wrong: the first query, the retrieval, or the copy of the answer."""
         results = [_padded(r) for _, r in searches]
         out = {f"em_{q.hops}hop": exact_match(answer, q.golden_answers)} if q.hops in (1, 2) else {}
+        if not any(normalize_answer(g) in self.train_answers for g in q.golden_answers):
+            out["em_new_answer"] = exact_match(answer, q.golden_answers)  # only a copy can answer it
         subject = self.titles.get(q.supporting_ids[0]) if q.supporting_ids else None
         if subject:
             out["first_query_subject"] = float(bool(searches) and _padded(subject) in _padded(searches[0][0]))
