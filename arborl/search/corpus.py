@@ -72,6 +72,10 @@ class CorpusConfig:
     """Fraction of the questions that need two searches."""
     test_frac: float = 0.2
     """Fraction of subjects (by hash of their passage id) whose questions are held out."""
+    filler: bool = True
+    """False: each passage holds only the facts a question asks about (no city trait, occupation,
+    known-for, language or industry), so a reader has fewer words to pass over. The world and the
+    questions are the same either way."""
 
     def __post_init__(self) -> None:
         if self.n_countries < 2 or self.n_cities < self.n_countries:
@@ -190,8 +194,13 @@ def _a(noun: str) -> str:
     return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
 
 
-def world_passages(world: World) -> list[Passage]:
-    """One passage per entity; relations are written by name, countries only in city passages."""
+def world_passages(world: World, filler: bool = True) -> list[Passage]:
+    """One passage per entity; relations are written by name, countries only in city passages.
+
+    ``filler=False`` writes only the sentences a question asks about (see ``CorpusConfig.filler``).
+    """
+    if not filler:
+        return _short_passages(world)
     out = [Passage(c.pid, c.name, f"{c.name} is a country. Its capital is {world.cities[c.capital].name}. "
                    f"The official language of {c.name} is {c.language}.") for c in world.countries]
     out += [Passage(c.pid, c.name, f"{c.name} is a city located in {world.countries[c.country].name}. "
@@ -202,6 +211,20 @@ def world_passages(world: World) -> list[Passage]:
                     f"{world.people[c.founder].name}. It is headquartered in {world.cities[c.hq].name}. "
                     f"The chief executive officer (CEO) of {c.name} is {world.people[c.ceo].name}.")
             for c in world.companies]
+    return out
+
+
+def _short_passages(world: World) -> list[Passage]:
+    """The passages without filler: only the facts the question kinds ask about."""
+    out = [Passage(c.pid, c.name, f"{c.name} is a country. Its capital is {world.cities[c.capital].name}.")
+           for c in world.countries]
+    out += [Passage(c.pid, c.name, f"{c.name} is a city located in {world.countries[c.country].name}. "
+                    f"{c.name} was founded in {c.founded}.") for c in world.cities]
+    out += [Passage(p.pid, p.name, f"{p.name} was born in {world.cities[p.city].name} in {p.born}.")
+            for p in world.people]
+    out += [Passage(c.pid, c.name, f"{c.name} was founded in {c.founded} by {world.people[c.founder].name}. "
+                    f"It is headquartered in {world.cities[c.hq].name}. The CEO of {c.name} is "
+                    f"{world.people[c.ceo].name}.") for c in world.companies]
     return out
 
 
@@ -311,7 +334,7 @@ def generate(cfg: CorpusConfig | None = None) -> tuple[list[Passage], list[Quest
     """The passages and questions of the world drawn from ``cfg`` (defaults: 10,060 passages)."""
     cfg = cfg or CorpusConfig()
     world = build_world(cfg)
-    return world_passages(world), make_questions(world, cfg)
+    return world_passages(world, cfg.filler), make_questions(world, cfg)
 
 
 def write_dataset(out_dir: str | Path, cfg: CorpusConfig | None = None) -> tuple[Path, Path]:

@@ -29,7 +29,8 @@ It composes, as every tool task does, a task source, a tool table and a reward:
   question's hops), ``first_query_subject`` (the first query names the subject, the title of the
   first supporting passage, as whole words), ``gold_retrieved`` (a gold answer was in some
   search result), ``answer_from_results`` (of the episodes that answered: the answer was copied
-  from a search result).
+  from a search result), ``em_new_answer`` (exact match of the questions whose gold answer no
+  training question has: a policy that recalls frequent answers instead of copying gets 0).
 * **Expert** (for ``synth``): the generator's oracle queries (:func:`arborl.search.oracle.oracle_actions`).
 
 ``spaced = true`` writes every punctuation mark as a word of its own in everything the model
@@ -58,8 +59,8 @@ from arborl.tools.services import shared_service
 
 
 @functools.lru_cache(maxsize=4)
-def load_dataset(corpus: str = "", qa: str = "", seed: int = 0, test_frac: float = 0.2, n_questions: int = 3000
-                 ) -> tuple[tuple[Passage, ...], tuple[Question, ...], tuple[Question, ...]]:
+def load_dataset(corpus: str = "", qa: str = "", seed: int = 0, test_frac: float = 0.2, n_questions: int = 3000,
+                 filler: bool = True) -> tuple[tuple[Passage, ...], tuple[Question, ...], tuple[Question, ...]]:
     """``(passages, train questions, test questions)``, read from files or generated (cached per process).
 
     Raises:
@@ -71,7 +72,8 @@ def load_dataset(corpus: str = "", qa: str = "", seed: int = 0, test_frac: float
     if corpus:
         passages, questions = read_corpus(corpus), read_qa(qa)
     else:
-        passages, questions = generate(CorpusConfig(seed=seed, test_frac=test_frac, n_questions=n_questions))
+        passages, questions = generate(CorpusConfig(seed=seed, test_frac=test_frac, n_questions=n_questions,
+                                                    filler=filler))
     validate_gold(questions)
     test = [q for q in questions if (q.split == "test" if q.split else held_out(q.id, test_frac))]
     test_ids = {q.id for q in test}
@@ -83,8 +85,9 @@ def load_dataset(corpus: str = "", qa: str = "", seed: int = 0, test_frac: float
 
 
 @functools.lru_cache(maxsize=4)
-def _vocabulary(corpus: str, qa: str, seed: int, test_frac: float, n_questions: int) -> tuple[str, ...]:
-    passages, train, test = load_dataset(corpus, qa, seed, test_frac, n_questions)
+def _vocabulary(corpus: str, qa: str, seed: int, test_frac: float, n_questions: int, filler: bool = True
+                ) -> tuple[str, ...]:
+    passages, train, test = load_dataset(corpus, qa, seed, test_frac, n_questions, filler)
     words: dict[str, None] = {}
     framing = 'Doc 1(Title: "") 2 3 4 5 6 7 8 9 10 No passage matches the query. <answer> </answer> <search> </search>'
     for text in [framing] + [p.contents for p in passages] + [q.question for q in train + test] + [
@@ -93,18 +96,19 @@ def _vocabulary(corpus: str, qa: str, seed: int, test_frac: float, n_questions: 
     return tuple(words)
 
 
-def retriever_url(corpus: str, qa: str, seed: int, test_frac: float, method: str) -> str:
+def retriever_url(corpus: str, qa: str, seed: int, test_frac: float, method: str, filler: bool = True) -> str:
     """The URL of this process's retriever server for the dataset, started on first use."""
     from arborl.search.retriever import build_retriever
     from arborl.search.server import RetrieverServer
 
     def start() -> RetrieverServer:
-        passages = load_dataset(corpus, qa, seed, test_frac)[0]
+        passages = load_dataset(corpus, qa, seed, test_frac, filler=filler)[0]
         server = RetrieverServer(build_retriever(list(passages), method), method=method).start()
         print(f"arborl: retriever serving {len(passages)} passages ({method}) at {server.url}", file=sys.stderr)
         return server
 
-    return shared_service(("retriever", corpus or f"generated:{seed}", method), start=start,
+    generated = f"generated:{seed}" + ("" if filler else ":short")
+    return shared_service(("retriever", corpus or generated, method), start=start,
                           stop=RetrieverServer.stop).url
 
 
@@ -116,6 +120,7 @@ class _SearchTask:
         self.train, self.test, self.test_seed_start = train, test, test_seed_start
         self.format_reward, self.text, self.titles = format_reward, text, titles
         self.grounded_reward = grounded_reward
+        self.train_answers = frozenset(normalize_answer(a) for q in train for a in q.golden_answers)
         self.env: ToolEnv | None = None  # the env this source serves (its calls are the episode's searches)
 
     def __call__(self, seed: int) -> Task:
@@ -149,6 +154,8 @@ class _SearchTask:
         """Which step of the search went wrong: the first query, the retrieval, or the copy of the answer."""
         results = [_padded(r) for _, r in searches]
         out = {f"em_{q.hops}hop": exact_match(answer, q.golden_answers)} if q.hops in (1, 2) else {}
+        if not any(normalize_answer(g) in self.train_answers for g in q.golden_answers):
+            out["em_new_answer"] = exact_match(answer, q.golden_answers)  # only a copy can answer it
         subject = self.titles.get(q.supporting_ids[0]) if q.supporting_ids else None
         if subject:
             out["first_query_subject"] = float(bool(searches) and _padded(subject) in _padded(searches[0][0]))
@@ -174,6 +181,7 @@ def search_r1_env(
     corpus_seed: int = 0,
     test_frac: float = 0.2,
     n_questions: int = 3000,
+    filler: bool = True,
     url: str = "",
     method: str = "bm25",
     topk: int = 3,
@@ -199,6 +207,8 @@ def search_r1_env(
         n_questions: Questions of the generated set (the first 3,000 are the same for any larger
             number: the draw goes on). More questions = more distinct facts to learn from, so that
             a small policy cannot memorise the training answers instead of reading the passage.
+        filler: Generated set: ``False`` writes only the facts a question asks about in each passage
+            (no city trait, occupation, language, industry): fewer words for a small reader to pass over.
         url: A running ``/retrieve`` endpoint; ``""`` starts one in-process (shared, stopped at exit).
         method: Retrieval of the in-process server: ``bm25`` or ``dense``.
         topk: Passages per search.
@@ -221,8 +231,8 @@ def search_r1_env(
         raise ConfigError(f"env.kwargs.format_reward = {format_reward}; use a number in [0, 1) (exact match scores 1)")
     if not 0 <= grounded_reward < 1:
         raise ConfigError(f"env.kwargs.grounded_reward = {grounded_reward}; use a number in [0, 1) (exact match scores 1)")
-    passages, train, test = load_dataset(corpus, qa, corpus_seed, test_frac, n_questions)
-    endpoint = url or retriever_url(corpus, qa, corpus_seed, test_frac, method)
+    passages, train, test = load_dataset(corpus, qa, corpus_seed, test_frac, n_questions, filler)
+    endpoint = url or retriever_url(corpus, qa, corpus_seed, test_frac, method, filler)
     text = spaced if spaced_text else _same
     source = _SearchTask(train, test, test_seed_start, format_reward, text, {p.id: p.title for p in passages},
                          grounded_reward)
@@ -233,7 +243,7 @@ def search_r1_env(
                   expert=source.expert, metrics=source.metrics, format_instructions=instructions or None)
     source.env = env
     if spaced_text:
-        env.vocabulary = _vocabulary(corpus, qa, corpus_seed, test_frac, n_questions)  # type: ignore[attr-defined]
+        env.vocabulary = _vocabulary(corpus, qa, corpus_seed, test_frac, n_questions, filler)  # type: ignore[attr-defined]
     return env
 
 

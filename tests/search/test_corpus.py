@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -48,8 +49,12 @@ CROWDED = CorpusConfig(n_countries=3, n_cities=8, n_people=40, n_companies=60, n
 
 
 @pytest.mark.parametrize("crowded", [False, True], ids=["default", "crowded"])
-def test_two_hop_questions_need_the_first_answer(world, crowded):
-    passages, questions = generate(CROWDED) if crowded else world
+@pytest.mark.parametrize("filler", [True, False], ids=["filler", "short"])
+def test_two_hop_questions_need_the_first_answer(world, crowded, filler):
+    if crowded:
+        passages, questions = generate(dataclasses.replace(CROWDED, filler=filler))
+    else:
+        passages, questions = world if filler else generate(CorpusConfig(filler=False))
     by_id = {p.id: p for p in passages}
     two = [q for q in questions if q.hops == 2]
     for q in two:
@@ -94,3 +99,25 @@ def test_too_many_questions_for_the_world():
 def test_a_world_where_every_city_is_a_capital_has_no_capital_questions():
     _, questions = generate(CorpusConfig(n_countries=5, n_cities=5, n_people=20, n_companies=10, n_questions=40))
     assert len(questions) == 40 and "city_capital" not in {q.extra["kind"] for q in questions}
+
+
+def test_short_passages_keep_only_the_asked_facts_of_the_same_world(world):
+    passages, questions = world
+    short, short_questions = generate(CorpusConfig(filler=False))
+    assert short_questions == questions  # the same world and questions; only the text differs
+    assert [(p.id, p.title) for p in short] == [(p.id, p.title) for p in passages]
+    by_id = {p.id: p.contents for p in short}
+    # the seed-0 world's first country, its capital (the first city), a person and a company
+    assert by_id["p00000"] == '"Palara"\nPalara is a country. Its capital is Kraemrard.'
+    assert by_id["p00060"] == '"Kraemrard"\nKraemrard is a city located in Palara. Kraemrard was founded in 1581.'
+    assert by_id["p01060"] == '"Talia Roumstan"\nTalia Roumstan was born in Naethje in 1944.'
+    assert by_id["p06460"] == ('"Drumkeil Industries"\nDrumkeil Industries was founded in 2024 by Joren Heilvilzesk. '
+                               "It is headquartered in Thethdraem. The CEO of Drumkeil Industries is Vesna Groudei.")
+    full = {p.id: p.contents for p in passages}
+    assert full["p01060"] == ('"Talia Roumstan"\nTalia Roumstan (born 1944) is an architect. He was born in Naethje. '
+                              "Roumstan is known for careful, patient work.")
+    for q in short_questions:  # every hop's answer is still in its supporting passage
+        for pid, ans in zip(q.supporting_ids, [*q.bridge_answers, q.golden_answers[0]], strict=True):
+            assert _mentions(by_id[pid], ans), (q, ans)
+    words = sum(len(p.split()) for p in by_id.values()) / sum(len(p.split()) for p in full.values())
+    assert words < 0.7

@@ -16,7 +16,7 @@ TINY = ["synth.episodes=40", "sft.steps=4", "sft.batch_size=8", "sft.eval_every=
         "policy.model.intermediate_size=64", "policy.model.num_layers=2", "policy.model.num_heads=2",
         "policy.model.num_kv_heads=2", "report_to=[]"]
 ENV_METRICS = ("em", "f1", "searches", "two_hop_used_first", "em_1hop", "em_2hop", "first_query_subject", "gold_retrieved",
-               "answer_from_results")
+               "answer_from_results", "em_new_answer")
 
 
 def test_search_r1_recipe_runs_end_to_end_and_reports_em_searches_and_two_hop_use(tmp_path):

@@ -79,11 +79,15 @@ def test_oracle_answers_every_question_and_metrics_are_hand_checkable(data, env_
     steps = _play(env, START + one)
     assert [a for a, _ in steps] == [f"<search>{q1.oracle_queries[0]}</search>", f"<answer>{q1.golden_answers[0]}</answer>"]
     assert steps[0][1].obs.startswith("<information>Doc 1(Title: ") and steps[-1][1].reward == 1.0
-    assert steps[-1][1].info["metrics"] == {"em": 1.0, "f1": 1.0, "searches": 1.0, **ORACLE_DIAG, "em_1hop": 1.0}
+    # q1 (held-out 0, "Who founded Dredour Dynamics?", "Dario Brolkalbra") and q2 (held-out 1, "Where was
+    # the CEO of Beirdmourd Group born?", "Stilas"): no training question has these answers
+    assert (one, two) == (0, 1) and not {"dario brolkalbra", "stilas"} & {a.lower() for q in train for a in q.golden_answers}
+    assert steps[-1][1].info["metrics"] == {"em": 1.0, "f1": 1.0, "searches": 1.0, **ORACLE_DIAG, "em_1hop": 1.0,
+                                            "em_new_answer": 1.0}
     steps = _play(env, START + two)
     assert q2.bridge_answers[0] in steps[0][1].obs and q2.bridge_answers[0] in steps[1][0]
     assert steps[-1][1].info["metrics"] == {"em": 1.0, "f1": 1.0, "searches": 2.0, "two_hop_used_first": 1.0,
-                                            **ORACLE_DIAG, "em_2hop": 1.0}
+                                            **ORACLE_DIAG, "em_2hop": 1.0, "em_new_answer": 1.0}
     # every held-out question, by the oracle: exact match 1 (BM25 ranks the supporting passage first)
     assert all(_play(env, START + i)[-1][1].reward == 1.0 for i in range(0, len(test), 7))
 
@@ -111,7 +115,7 @@ def test_wrong_answers_f1_format_reward_and_a_second_query_that_ignores_the_firs
     # no search: the subject was not named in a first query and no result held the gold
     assert res.info["metrics"] == pytest.approx({"em": 0.0, "f1": 2 / 3, "searches": 0.0, "em_1hop": 0.0,
                                                  "first_query_subject": 0.0, "gold_retrieved": 0.0,
-                                                 "answer_from_results": 0.0})
+                                                 "answer_from_results": 0.0, "em_new_answer": 0.0})
     two = next(i for i, q in enumerate(test) if q.hops == 2)
     env.reset(seed=START + two)
     env.step(f"<search>{test[two].oracle_queries[0]}</search>")
@@ -119,13 +123,14 @@ def test_wrong_answers_f1_format_reward_and_a_second_query_that_ignores_the_firs
     res = env.step("<answer>nothing</answer>")
     # the first query named the subject; its passage never holds a 2-hop answer, the second search matched nothing
     assert res.info["metrics"] == {"em": 0.0, "f1": 0.0, "searches": 2.0, "two_hop_used_first": 0.0, "em_2hop": 0.0,
-                                   "first_query_subject": 1.0, "gold_retrieved": 0.0, "answer_from_results": 0.0}
+                                   "first_query_subject": 1.0, "gold_retrieved": 0.0, "answer_from_results": 0.0,
+                                   "em_new_answer": 0.0}  # held-out 0 and 1: no training question has their golds
     env.reset(seed=START + two)
     for _ in range(4):  # out of steps without answering: metrics with no answer
         res = env.step("no tags here")
     assert res.truncated and res.info["metrics"] == {  # no answer: no answer_from_results
         "em": 0.0, "f1": 0.0, "searches": 0.0, "two_hop_used_first": 0.0, "em_2hop": 0.0,
-        "first_query_subject": 0.0, "gold_retrieved": 0.0}
+        "first_query_subject": 0.0, "gold_retrieved": 0.0, "em_new_answer": 0.0}
 
 
 def test_the_diagnostics_tell_a_wrong_first_query_a_missing_gold_and_a_copied_wrong_answer(data, env_kw, by_id):
@@ -139,13 +144,15 @@ def test_the_diagnostics_tell_a_wrong_first_query_a_missing_gold_and_a_copied_wr
     env.step(f"<search>{last} born</search>")  # the last name only: BM25 still finds the passage
     res = env.step(f"<answer>{last}</answer>")  # a word of the result, not the birthplace
     assert res.info["metrics"] == {"em": 0.0, "f1": 0.0, "searches": 1.0, "em_1hop": 0.0,
-                                   "first_query_subject": 0.0, "gold_retrieved": 1.0, "answer_from_results": 1.0}
+                                   "first_query_subject": 0.0, "gold_retrieved": 1.0, "answer_from_results": 1.0,
+                                   "em_new_answer": 0.0}  # no training question's answer is this birthplace
     env.reset(seed=START + i)
     env.step(f"<search>{subject} born</search>")
     env.step("<search>capital</search>")  # only the first query counts for first_query_subject
     res = env.step(f"<answer>{q.golden_answers[0][:-1]}</answer>")  # a cut-off word is not in the results
     assert res.info["metrics"] == {"em": 0.0, "f1": 0.0, "searches": 2.0, "em_1hop": 0.0,
-                                   "first_query_subject": 1.0, "gold_retrieved": 1.0, "answer_from_results": 0.0}
+                                   "first_query_subject": 1.0, "gold_retrieved": 1.0, "answer_from_results": 0.0,
+                                   "em_new_answer": 0.0}
 
 
 def test_spaced_text_puts_punctuation_and_tags_in_words_of_their_own_and_the_vocabulary_covers_held_out_names(
@@ -267,3 +274,31 @@ def test_grounded_reward_pays_a_wrong_answer_copied_from_a_result_and_nothing_el
     assert env.step(f"<answer>{last}</answer>").reward == 0.1
     with pytest.raises(ConfigError, match="grounded_reward"):
         search_r1_env(**env_kw, grounded_reward=1.0)
+
+
+def test_filler_false_serves_the_short_passages_from_a_server_of_its_own(data):
+    stop_services()
+    try:
+        full, short = search_r1_env(topk=1), search_r1_env(topk=1, filler=False)
+        assert running_services() == [("retriever", "generated:0", "bm25"), ("retriever", "generated:0:short", "bm25")]
+        assert full.table["search"]({"query": "Talia Roumstan born"}) == (
+            'Doc 1(Title: "Talia Roumstan") Talia Roumstan (born 1944) is an architect. He was born in Naethje. '
+            "Roumstan is known for careful, patient work.\n")
+        assert short.table["search"]({"query": "Talia Roumstan born"}) == (
+            'Doc 1(Title: "Talia Roumstan") Talia Roumstan was born in Naethje in 1944.\n')
+        assert short.tasks.train == data[1]  # the same questions
+    finally:
+        stop_services()
+
+
+def test_em_new_answer_is_reported_only_where_no_training_question_has_the_gold(data, env_kw):
+    _, train, test = data
+    env = search_r1_env(**env_kw)
+    assert test[0].golden_answers == ("Dario Brolkalbra",) and test[3].golden_answers == ("Veisia",)
+    assert sum(q.golden_answers == ("Veisia",) for q in train) == 8  # a country: a frequent training answer
+    env.reset(seed=START + 0)
+    assert env.step("<answer>Anselm Zomneim</answer>").info["metrics"]["em_new_answer"] == 0.0  # a wrong name
+    env.reset(seed=START + 3)
+    assert "em_new_answer" not in env.step("<answer>Veisia</answer>").info["metrics"]  # right, but recallable
+    env.reset(seed=0)  # a training question: its answer is a training answer by definition
+    assert "em_new_answer" not in env.step(f"<answer>{train[0].golden_answers[0]}</answer>").info["metrics"]
