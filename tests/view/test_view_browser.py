@@ -1,12 +1,15 @@
 """The explorer in a real headless browser: the distribution's Chromium driven by Playwright's Python API.
 
 No browser is downloaded: Playwright launches /usr/bin/chromium (scripts/setup/viewer.sh installs
-it). The tour runs on the store of a real tiny CLI run and writes the screenshots of docs/viewer.md.
+it). The tour runs on the store of a real tiny CLI run and takes the screenshots of docs/viewer.md:
+they are written there with ARBORL_SCREENSHOTS=docs/viewer (else into the test's temp dir, so the
+suite leaves the tree as it found it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import subprocess
 import sys
@@ -17,7 +20,6 @@ import pytest
 from clikit import ROOT, arborl, cli_env
 
 CHROMIUM = Path("/usr/bin/chromium")
-SHOTS = ROOT / "docs" / "viewer"
 
 playwright = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the dev extra)")
 if not CHROMIUM.exists():
@@ -95,12 +97,15 @@ def test_twenty_turn_episode_renders_within_300_ms(page, view_store):
 def test_tour_of_a_tiny_cli_run(page, tmp_path):
     run = tmp_path / "tiny"
     arborl("train", "examples/tiny.toml", "--set", f'run_dir="{run}"')
-    SHOTS.mkdir(exist_ok=True)
+    shots = Path(os.environ.get("ARBORL_SCREENSHOTS") or tmp_path / "shots")
+    if not shots.is_absolute():
+        shots = ROOT / shots
+    shots.mkdir(exist_ok=True)
     page.errors.clear()
     with serve(f"sqlite:///{run}/trajectories.db", run) as base:
         page.goto(base)
         page.wait_for_selector("#episodes tr.row")
-        page.screenshot(path=SHOTS / "episodes.png")
+        page.screenshot(path=shots / "episodes.png")
         # filter to failed episodes
         page.select_option("select[name=success]", "false")
         page.click("#apply")
@@ -116,7 +121,7 @@ def test_tour_of_a_tiny_cli_run(page, tmp_path):
         page.wait_for_selector("#group")
         assert page.locator("#group thead th").count() >= 3  # the turn column and at least two episodes
         assert page.locator("#first-divergence").count() == 1
-        page.screenshot(path=SHOTS / "group.png")
+        page.screenshot(path=shots / "group.png")
         # the group's first episode (a trunk: its branches hang off its turns), tokens shaded by log-prob
         page.locator("#group thead th a").first.click()
         page.wait_for_selector("main[data-view=episode] .turn")
@@ -125,14 +130,14 @@ def test_tour_of_a_tiny_cli_run(page, tmp_path):
         if page.locator(".expand").count():  # show one branch's own turns in place
             page.locator(".expand").first.click()
             page.wait_for_selector(".continuation .turn")
-        page.screenshot(path=SHOTS / "episode.png")
+        page.screenshot(path=shots / "episode.png")
         # the run's learning curve
         page.click("#nav-runs")
         page.wait_for_selector("#curves svg polyline", state="attached")
-        page.screenshot(path=SHOTS / "runs.png")
+        page.screenshot(path=shots / "runs.png")
         page.click("#nav-profile")
         page.wait_for_selector("#profile tr td")
-        page.screenshot(path=SHOTS / "profile.png")
+        page.screenshot(path=shots / "profile.png")
     assert page.errors == []
 
 
