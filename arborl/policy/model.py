@@ -36,7 +36,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from arborl.policy import vision
+from arborl.policy import hf_vision, vision
 from arborl.policy.portable import CheckpointError, save_tokenizer, stock_tokenizer_problem
 
 ATTN_IMPLEMENTATION = "eager"
@@ -228,6 +228,8 @@ def load_policy(path: str | Path, *, dtype: torch.dtype = torch.float32,
     Raises:
         FileNotFoundError: the directory or its ``config.json`` is missing.
         ValueError: the tokenizer has no chat template or no end-of-sequence token.
+        ConfigError: a vision-language checkpoint of a type arborl does not run (the message names
+            the supported ones, :data:`arborl.policy.hf_vision.SUPPORTED_VLM_TYPES`).
     """
     d = _local_dir(path)
     if (d / ADAPTER_CONFIG).is_file() and not (d / "config.json").is_file():
@@ -242,6 +244,7 @@ def load_policy(path: str | Path, *, dtype: torch.dtype = torch.float32,
             f"policy checkpoint {str(d)!r} has no config.json; it is not a Hugging Face model directory "
             "(point to the folder that holds config.json and the weights)"
         )
+    vlm = hf_vision.vlm_type(d)  # before the tokenizer: an unsupported VLM type is named first
     tokenizer = _load_tokenizer(d)
     if not tokenizer.chat_template:
         raise ValueError(
@@ -250,7 +253,10 @@ def load_policy(path: str | Path, *, dtype: torch.dtype = torch.float32,
         )
     if tokenizer.eos_token_id is None:
         raise ValueError(f"the tokenizer in {str(d)!r} has no eos_token; set one and save it again")
-    model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
+    if vlm is not None:  # a stock vision-language checkpoint (Qwen2-VL)
+        model = hf_vision.load_vlm(d, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     return model.to(dev).eval(), tokenizer
 

@@ -26,7 +26,7 @@ rollout engine's explicit 1-D position ids and re-indexed KV cache, and the Froz
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -91,6 +91,11 @@ class PatchVLMForCausalLM(LlamaForCausalLM):
         self.vision = PatchEncoder(config)
         self.post_init()
 
+    def image_spec(self) -> ImageSpec | None:
+        """How this policy reads images (``None`` when its config names no placeholder token)."""
+        cfg = self.config
+        return None if cfg.image_token_id is None else ImageSpec(cfg.image_token_id, cfg.tokens_per_image, cfg.image_size)
+
     def embed_inputs(self, input_ids: torch.Tensor, pixel_values: torch.Tensor) -> torch.Tensor:
         """Token embeddings of ``input_ids`` with the placeholders replaced, in order, by the images' patch features.
 
@@ -132,13 +137,55 @@ AutoConfig.register(PatchVLMConfig.model_type, PatchVLMConfig, exist_ok=True)
 AutoModelForCausalLM.register(PatchVLMConfig, PatchVLMForCausalLM, exist_ok=True)
 
 
+class ImageReader(Protocol):
+    """How a vision policy reads images; the rollout (:mod:`arborl.rollout.media`) and the trainer use only this.
+
+    Implemented by :class:`ImageSpec` (:class:`PatchVLMForCausalLM`) and by
+    :class:`arborl.policy.hf_vision.Qwen2VLImages` (stock Qwen2-VL checkpoints).
+    """
+
+    token_id: int
+    """The placeholder token id (one run of it per image)."""
+    marker: str
+    """Text an image part of an observation becomes before the chat template renders it."""
+    multimodal_rope: bool
+    """Whether the model's rotary positions are 3-D (M-RoPE): the rollout then asks :meth:`positions`."""
+
+    def placeholders(self, images: list[np.ndarray]) -> list[int]:
+        """How many placeholder tokens each image takes."""
+        ...
+
+    def count(self, ids: list[int]) -> int:
+        """How many images the placeholder runs in ``ids`` stand for."""
+        ...
+
+    def to_pixels(self, images: list[np.ndarray]) -> torch.Tensor:
+        """Canonical images -> the ``pixel_values`` the model's forward takes, ``(N, ...)``."""
+        ...
+
+    def positions(self, ids: list[int], images: list[np.ndarray], start: int) -> tuple[torch.Tensor, int]:
+        """Only when :attr:`multimodal_rope`: ``(3, len(ids))`` rotary positions of ``ids`` from text position ``start``, and the next text position."""
+        ...
+
+
 @dataclass(frozen=True)
 class ImageSpec:
-    """How a policy reads images: its placeholder token, how many per image, and its pixel preprocessing."""
+    """How :class:`PatchVLMForCausalLM` reads images: its placeholder token, how many per image, its pixel preprocessing."""
 
     token_id: int
     tokens_per_image: int
     image_size: int
+    marker: str = IMAGE_MARKER
+    multimodal_rope: bool = False
+    """1-D rotary positions: the rollout counts real tokens."""
+
+    def placeholders(self, images: list[np.ndarray]) -> list[int]:
+        """``tokens_per_image`` for every image."""
+        return [self.tokens_per_image] * len(images)
+
+    def count(self, ids: list[int]) -> int:
+        """Placeholders in ``ids`` divided by ``tokens_per_image`` (runs of adjacent images are not delimited)."""
+        return sum(1 for t in ids if t == self.token_id) // self.tokens_per_image
 
     def to_pixels(self, images: list[np.ndarray]) -> torch.Tensor:
         """Canonical ``(H, W, 3)`` uint8 images -> ``(N, 3, S, S)`` float pixels in [-1, 1].
@@ -154,12 +201,13 @@ class ImageSpec:
         return x / 127.5 - 1.0
 
 
-def image_spec(model: Any) -> ImageSpec | None:
-    """The :class:`ImageSpec` of a vision policy; ``None`` for a text-only model."""
-    cfg = getattr(model, "config", None)
-    if not isinstance(cfg, PatchVLMConfig) or cfg.image_token_id is None:
-        return None
-    return ImageSpec(cfg.image_token_id, cfg.tokens_per_image, cfg.image_size)
+def image_spec(model: Any) -> ImageReader | None:
+    """How a vision policy reads images (its ``image_spec()``); ``None`` for a text-only model.
+
+    A LoRA (peft) model forwards the attribute to the model it wraps.
+    """
+    reader = getattr(model, "image_spec", None)
+    return reader() if callable(reader) else None
 
 
 def add_image_token(tokenizer: Any) -> int:

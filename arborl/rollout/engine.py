@@ -454,7 +454,7 @@ def _step(lv: _Live, turn: Turn, cfg: RolloutConfig, renderer: ChatRenderer) -> 
     lv.returns += reward
     if "success" in info and info["success"] is not None:
         lv.success = 1.0 if info["success"] else 0.0
-    shown, images = split_images(_shown(lv.env, res.obs))
+    shown, images = split_images(_shown(lv.env, res.obs), lv.eyes.marker)
     turn.result = observation_text(shown)
     if turn.terminated:
         return "terminated"
@@ -579,7 +579,7 @@ def _shown(env: Env, obs: Any) -> Any:
 
 def _see(lv: _Live, shown: Any) -> Any:
     """The observation with its images taken out (markers in their place); they are stored and kept on ``lv``."""
-    shown, images = split_images(shown)
+    shown, images = split_images(shown, lv.eyes.marker)
     lv.images, lv.media = images, lv.eyes.store(images)
     return shown
 

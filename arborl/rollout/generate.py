@@ -184,21 +184,21 @@ class LMSession:
         new = [s for s in by_slot if s not in kept]
         self._replace_rows(new)
         unfed = {s: self._seed(s, by_slot[s]) for s in new}
-        chunks, images = [], []
+        chunks, images = [], []  # images: one list per row, in row order
         for s in self._rows:
             req = by_slot[s]
             if self.reuse_cache:
                 chunk = self._pending.pop(s, []) + unfed.get(s, []) + list(req.prompt_ids)
                 # images inside the prefix part a kept row already holds are not fed again
-                images += req.images[self._image_count(req.prefix_ids[:len(req.prefix_ids) - len(unfed.get(s, []))]):]
+                images.append(req.images[self._image_count(req.prefix_ids[:len(req.prefix_ids) - len(unfed.get(s, []))]):])
             else:
                 history = self._history.setdefault(s, list(req.prefix_ids))
                 chunk = history + self._pending.pop(s, []) + list(req.prompt_ids)
                 self._history[s] = list(chunk)
                 earlier = self._history_images.get(s, [])
                 self._history_images[s] = earlier + list(req.images)
-                images += [np.full_like(im, 128) for im in earlier] if self.drop_earlier_images else earlier
-                images += list(req.images)
+                shown = [np.full_like(im, 128) for im in earlier] if self.drop_earlier_images else earlier
+                images.append(shown + list(req.images))
             if not chunk:
                 raise ValueError(f"slot {s}: empty prompt chunk; every turn needs at least one new token")
             chunks.append(chunk)
@@ -208,7 +208,7 @@ class LMSession:
             raise ValueError("max_new_tokens must be >= 1 for every request (and forced_ids must not be empty)")
         if self._mask.shape[1] and self._waste() > COMPACT_WASTE:
             self._compact()
-        logits = self._prefill(chunks, self._pixels(images))
+        logits = self._prefill(chunks, images)
         outs = self._decode(logits, limits, forced)
         return [outs[self._rows.index(r.slot)] for r in requests]
 
@@ -216,7 +216,7 @@ class LMSession:
         """How many images the placeholder runs in ``ids`` stand for."""
         if self.images is None or not ids:
             return 0
-        return sum(1 for t in ids if t == self.images.token_id) // self.images.tokens_per_image
+        return self.images.count(ids)
 
     def _pixels(self, images: list[Any]) -> torch.Tensor | None:
         """The prefill's ``pixel_values`` (``None`` without images)."""
@@ -232,7 +232,10 @@ class LMSession:
         self._cache = BatchKVCache()
         self._rows: list[int] = []
         self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # (B, L), 1 = real
-        self._n_real = torch.zeros(0, dtype=torch.long, device=self.device)  # (B,) next position
+        self._n_real = torch.zeros(0, dtype=torch.long, device=self.device)  # (B,) real tokens so far
+        # (B,) next text position minus real tokens so far: 0 unless 3-D rotary positions (M-RoPE) make an image
+        # span fewer positions than it has tokens (Qwen2-VL's rope_deltas)
+        self._shift = torch.zeros(0, dtype=torch.long, device=self.device)
 
     def _replace_rows(self, new: list[int]) -> None:
         """Drop the released slots' rows and append empty rows for ``new`` slots, in one copy of the cache.
@@ -256,12 +259,15 @@ class LMSession:
             self._mask[len(keep):] = 0
             self._n_real = self._n_real.index_select(0, idx)
             self._n_real[len(keep):] = 0
+            self._shift = self._shift.index_select(0, idx)
+            self._shift[len(keep):] = 0
         elif new:  # nothing dropped: grow
             k = len(new)
             self._cache.add_rows(k)
             self._rows += new
             self._mask = torch.cat([self._mask, self._mask.new_zeros(k, self._mask.shape[1])])
             self._n_real = torch.cat([self._n_real, self._n_real.new_zeros(k)])
+            self._shift = torch.cat([self._shift, self._shift.new_zeros(k)])
 
     def _seed(self, slot: int, req: TurnRequest) -> list[int]:
         """Seed a new slot's row from the kept row its prefix names; returns the prefix tokens left to feed."""
@@ -281,6 +287,9 @@ class LMSession:
         self._mask[row, length - n:] = 1
         self._mask[row, :length - n] = 0
         self._n_real[row] = n
+        if self.images is not None and self.images.multimodal_rope:  # the kept tokens' images set the next position
+            _, nxt = self.images.positions(ids[:n], req.images[:self._image_count(ids[:n])], 0)
+            self._shift[row] = nxt - n
         return ids[n:]
 
     def _waste(self) -> float:
@@ -316,7 +325,8 @@ class LMSession:
         )
         return out.logits[:, -1]
 
-    def _prefill(self, chunks: list[list[int]], pixel_values: torch.Tensor | None = None) -> torch.Tensor:
+    def _prefill(self, chunks: list[list[int]], images: list[list[Any]]) -> torch.Tensor:
+        """Feed each row its chunk (left-padded into one forward) with its images; ``(B, V)`` last logits."""
         width = max(len(c) for c in chunks)
         # Left-pad so every row's last real token sits in the last column.
         ids = torch.full((len(chunks), width), self.pad_token_id, dtype=torch.long)
@@ -326,10 +336,23 @@ class LMSession:
             new_mask[b, width - len(c):] = 1
         ids, new_mask = ids.to(self.device), new_mask.to(self.device)
         # Positions count real tokens only; pad columns get a dummy (masked) position.
-        positions = self._n_real[:, None] + (new_mask.cumsum(1) - 1).clamp_min(0)  # (B, C)
-        logits = self._forward(ids, new_mask, positions, pixel_values)
+        positions = self._n_real[:, None] + self._shift[:, None] + (new_mask.cumsum(1) - 1).clamp_min(0)  # (B, C)
+        if self.images is not None and self.images.multimodal_rope:
+            positions = self._rope_positions(chunks, images, positions)  # (3, B, C)
+        logits = self._forward(ids, new_mask, positions, self._pixels([im for row in images for im in row]))
         self._n_real = self._n_real + new_mask.sum(1)
         return logits
+
+    def _rope_positions(self, chunks: list[list[int]], images: list[list[Any]], flat: torch.Tensor) -> torch.Tensor:
+        """3-D positions of the chunks (the policy's M-RoPE layout from each row's next text position); updates the shifts."""
+        pos = flat[None].expand(3, -1, -1).clone()  # (3, B, C); pad columns keep their dummy positions
+        width = flat.shape[1]
+        for b, (chunk, row_images) in enumerate(zip(chunks, images, strict=True)):
+            start = int(self._n_real[b] + self._shift[b])
+            p, nxt = self.images.positions(chunk, row_images, start)
+            pos[:, b, width - len(chunk):] = p.to(pos.device)
+            self._shift[b] = nxt - int(self._n_real[b]) - len(chunk)
+        return pos
 
     def _decode(self, logits: torch.Tensor, limits: list[int], forced: list[list[int] | None]) -> list[TurnOutput]:
         b = logits.shape[0]
@@ -351,7 +374,7 @@ class LMSession:
             # Rows still generating feed their token; finished rows feed a masked pad.
             live = (~done).long()
             feed = torch.where(done, torch.full_like(tok, self.pad_token_id), tok)
-            logits = self._forward(feed[:, None], live[:, None], self._n_real[:, None])
+            logits = self._forward(feed[:, None], live[:, None], (self._n_real + self._shift)[:, None])
             self._n_real = self._n_real + live
         return self._collect(torch.stack(steps_tok, 1), torch.stack(steps_lp, 1), n_out)
 

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from arborl.policy.vision import IMAGE_MARKER, ImageSpec, image_spec
+from arborl.policy.vision import IMAGE_MARKER, ImageReader, image_spec
 from arborl.store.base import StoreError
 from arborl.trajectory.schema import MediaRef, Turn
 
@@ -108,8 +108,8 @@ def decode_png(data: bytes) -> np.ndarray:
         return canonical_image(im)
 
 
-def split_images(shown: Any) -> tuple[Any, list[np.ndarray]]:
-    """An observation with its image parts replaced by :data:`IMAGE_MARKER`, and the images in order.
+def split_images(shown: Any, marker: str = IMAGE_MARKER) -> tuple[Any, list[np.ndarray]]:
+    """An observation with its image parts replaced by ``marker`` (the policy's, see ``ImageReader.marker``), and the images in order.
 
     Text observations and messages without list content come back unchanged (no images).
     """
@@ -126,7 +126,7 @@ def split_images(shown: Any) -> tuple[Any, list[np.ndarray]]:
         for part in content:
             if isinstance(part, dict) and part.get("type") == "image":
                 images.append(canonical_image(part["image"]))
-                texts.append(IMAGE_MARKER)
+                texts.append(marker)
             elif isinstance(part, dict) and part.get("type") == "text":
                 texts.append(str(part.get("text", "")))
             else:
@@ -135,11 +135,25 @@ def split_images(shown: Any) -> tuple[Any, list[np.ndarray]]:
     return out, images
 
 
-def expand_markers(ids: list[int], token_id: int, n: int) -> list[int]:
-    """``ids`` with each ``token_id`` repeated ``n`` times (one placeholder per image feature)."""
+def expand_markers(ids: list[int], token_id: int, counts: Sequence[int]) -> list[int]:
+    """``ids`` with the k-th ``token_id`` repeated ``counts[k]`` times (one placeholder per image feature).
+
+    Raises:
+        ValueError: ``ids`` hold another number of markers than ``counts`` has images.
+    """
     out: list[int] = []
+    k = 0
     for t in ids:
-        out.extend([t] * n if t == token_id else [t])
+        if t != token_id:
+            out.append(t)
+            continue
+        if k == len(counts):
+            raise ValueError(f"the rendered prompt holds more image markers than its {len(counts)} images")
+        out.extend([t] * counts[k])
+        k += 1
+    if k != len(counts):
+        raise ValueError(f"the rendered prompt holds {k} image markers for {len(counts)} images; the chat template "
+                         "must keep each image marker of the observation as one token")
     return out
 
 
@@ -165,12 +179,9 @@ def load_image(ref: MediaRef, media: MediaSink) -> np.ndarray:
     return decode_png(data)
 
 
-def prompt_images(turn: Turn, token_id: int, tokens_per_image: int) -> list[MediaRef]:
-    """The refs of the images a turn's prompt shows: the first ``placeholders / tokens_per_image`` of ``Turn.media``."""
-    n = sum(1 for t in turn.prompt_ids if t == token_id)
-    if n % tokens_per_image:
-        raise StoreError(f"turn {turn.turn_id}: {n} image placeholders is not a multiple of {tokens_per_image}")
-    k = n // tokens_per_image
+def prompt_images(turn: Turn, spec: ImageReader) -> list[MediaRef]:
+    """The refs of the images a turn's prompt shows: the first ``spec.count(prompt_ids)`` of ``Turn.media``."""
+    k = spec.count(turn.prompt_ids)
     refs = [m for m in turn.media if m.mime.startswith("image/")][:k]
     if len(refs) != k:
         raise StoreError(f"turn {turn.turn_id}: its prompt shows {k} images but it references {len(refs)}")
@@ -182,12 +193,17 @@ class Eyes:
     """What the rollout does with an observation's images: the policy's placeholders, where the bytes go.
 
     Attributes:
-        spec: The policy's :class:`~arborl.policy.vision.ImageSpec` (``None``: a text-only policy).
+        spec: How the policy reads images (:class:`~arborl.policy.vision.ImageReader`; ``None``: a text-only policy).
         media: Where images are stored (``None``: an observation with images is an error).
     """
 
-    spec: ImageSpec | None = None
+    spec: ImageReader | None = None
     media: MediaSink | None = None
+
+    @property
+    def marker(self) -> str:
+        """The text an observation's image part becomes (the policy's placeholder marker)."""
+        return IMAGE_MARKER if self.spec is None else self.spec.marker
 
     def prompt(self, ids: list[int], images: list[np.ndarray]) -> list[int]:
         """Rendered prompt ids with each image marker widened to the policy's placeholder run.
@@ -200,7 +216,7 @@ class Eyes:
         if self.spec is None:
             raise ValueError("the observation carries images but the policy reads text only; use a vision policy "
                              "(policy.model.image_size > 0, arborl.policy.vision)")
-        return expand_markers(ids, self.spec.token_id, self.spec.tokens_per_image)
+        return expand_markers(ids, self.spec.token_id, self.spec.placeholders(images))
 
     def store(self, images: list[np.ndarray]) -> list[MediaRef]:
         """Put ``images`` into the media store; their references."""
@@ -210,8 +226,7 @@ class Eyes:
         """The images the prompts of ``turns`` showed, read back from the media store (a continuation's prefix)."""
         if self.spec is None or self.media is None:
             return []
-        return [load_image(ref, self.media) for t in turns
-                for ref in prompt_images(t, self.spec.token_id, self.spec.tokens_per_image)]
+        return [load_image(ref, self.media) for t in turns for ref in prompt_images(t, self.spec)]
 
 
 @dataclass
@@ -220,15 +235,11 @@ class ImageInputs:
 
     Attributes:
         media: Where the blobs are (the run's store).
-        token_id: The placeholder token id.
-        tokens_per_image: Placeholders per image.
-        to_pixels: Canonical images -> the model's ``pixel_values`` (the policy's own preprocessing).
+        spec: How the policy reads images (its placeholders, its ``to_pixels`` preprocessing).
     """
 
     media: MediaSink
-    token_id: int
-    tokens_per_image: int
-    to_pixels: Any
+    spec: ImageReader
     _decoded: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     """Images already read, by URL (content-addressed: a URL's bytes never change)."""
 
@@ -246,12 +257,12 @@ class ImageInputs:
         images, row_of = [], []
         for r, turns in enumerate(paths):
             for t in turns:
-                for ref in prompt_images(t, self.token_id, self.tokens_per_image):
+                for ref in prompt_images(t, self.spec):
                     images.append(self.image(ref))
                     row_of.append(r)
         if not images:
             return None
-        return self.to_pixels(images), torch.tensor(row_of, dtype=torch.long)
+        return self.spec.to_pixels(images), torch.tensor(row_of, dtype=torch.long)
 
 
 def media_of(sink: Any) -> MediaSink:
@@ -264,4 +275,4 @@ def image_inputs(model: Any, store: Any) -> ImageInputs | None:
     spec = image_spec(model)
     if spec is None:
         return None
-    return ImageInputs(media_of(store), spec.token_id, spec.tokens_per_image, spec.to_pixels)
+    return ImageInputs(media_of(store), spec)

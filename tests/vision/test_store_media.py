@@ -103,7 +103,9 @@ def test_split_images_leaves_markers_in_order_and_expand_widens_them():
     assert shown == [{"role": "user", "content": "<image> and <image>"}]
     assert [int(im.max()) for im in images] == [0, 1]
     assert split_images("text only") == ("text only", [])
-    assert expand_markers([5, 9, 6, 9], 9, 3) == [5, 9, 9, 9, 6, 9, 9, 9]
+    assert expand_markers([5, 9, 6, 9], 9, [3, 2]) == [5, 9, 9, 9, 6, 9, 9]
+    with pytest.raises(ValueError, match="2 images"):
+        expand_markers([5, 9], 9, [3, 3])
 
 
 def test_training_pixels_equal_the_rollouts(stored, vision_model, renderer):
