@@ -90,7 +90,7 @@ def save_tiny_qwen2_vl(path, *, seed: int = 0):
                            temporal_patch_size=2, in_chans=3, mlp_ratio=2),
         image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
         vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
-        tie_word_embeddings=True)
+        tie_word_embeddings=True, bos_token_id=None, eos_token_id=ids("<|im_end|>"), pad_token_id=ids("<|endoftext|>"))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2VLForConditionalGeneration(cfg)
