@@ -17,10 +17,10 @@ Checkpoints are Hugging Face checkpoints (``config.json`` with ``model_type =
 classes with ``AutoConfig`` and ``AutoModelForCausalLM``, so :func:`arborl.policy.load_policy`
 (and plain ``AutoModelForCausalLM.from_pretrained`` after that import) read them back.
 
-Why not a stock HF VLM: a tiny Qwen2-VL and a tiny LLaVA both build and run a forward on CPU
-with the installed transformers, but Qwen2-VL's 3-D multimodal rotary positions do not fit the
-rollout engine's explicit 1-D position ids and re-indexed KV cache, and the FrozenLake maps are
-16 x 16 pixels: one patch per cell needs no vision transformer.
+Stock Hugging Face VLM checkpoints (Qwen2-VL) load through the same ``load_policy`` and read
+images through the same :class:`ImageReader` interface (:mod:`arborl.policy.hf_vision`). The
+FrozenLake maps are 16 x 16 pixels: one patch per cell needs no vision transformer, hence this
+smaller policy for training from scratch.
 """
 
 from __future__ import annotations

@@ -15,6 +15,11 @@ Images (a vision policy, :mod:`arborl.policy.vision`): a request's images go wit
 into the prefill as ``pixel_values``, in the order of their placeholder runs; the cache then holds
 them, so every later turn attends over every earlier image. Images inside a prefix taken from a
 kept row are not fed again; without cache reuse the whole history's images are fed every turn.
+A policy with 3-D rotary positions (Qwen2-VL's M-RoPE, :mod:`arborl.policy.hf_vision`) gets its
+prefill positions from its image reader, and each row keeps the difference between its next text
+position and its token count (an image spans fewer positions than it has tokens), so kept rows,
+decoding steps and rows seeded from a kept trunk continue at the positions a fresh forward pass
+over the whole sequence would give.
 """
 
 from __future__ import annotations

@@ -10,10 +10,11 @@ How an image travels (docs/multimodal.md):
    ``BaseStore.put_media``, file or S3) and records the returned content-addressed
    :class:`~arborl.trajectory.schema.MediaRef` on the turn whose prompt shows it
    (``Turn.media``, first, in order); the episode record holds URLs only.
-3. The chat template renders each marker as one ``<image>`` token; :func:`expand_markers` widens
-   it to the policy's ``tokens_per_image`` placeholder tokens, which are the prompt ids recorded
-   on the turn and fed to the model, whose image features replace them
-   (:meth:`arborl.policy.vision.PatchVLMForCausalLM.embed_inputs`).
+3. The marker is the policy's (``ImageReader.marker``: ``<image>``, or Qwen2-VL's
+   ``<|vision_start|><|image_pad|><|vision_end|>``) and the chat template renders its placeholder
+   as one token; :func:`expand_markers` widens it to the image's placeholder count
+   (``ImageReader.placeholders``), which are the prompt ids recorded on the turn and fed to the
+   model, whose image features replace them.
 4. Training (:class:`ImageInputs`) reads the refs back in turn order, decodes the PNGs (lossless:
    the same uint8 pixels the rollout fed) and gives the same features the same placeholders.
 
