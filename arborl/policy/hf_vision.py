@@ -1,10 +1,12 @@
-"""Stock Hugging Face vision-language checkpoints as arborl policies (Qwen2-VL).
+"""Stock Hugging Face vision-language checkpoints as arborl policies (Qwen2-VL, Qwen2.5-VL).
 
 A local Qwen2-VL checkpoint directory (``config.json`` with ``model_type = "qwen2_vl"``, the
 weights, the tokenizer with its chat template, ``preprocessor_config.json``) loads through
 :func:`arborl.policy.load_policy` like any policy, as :class:`Qwen2VLPolicy`: the stock
 :class:`~transformers.Qwen2VLForConditionalGeneration` (same weights, same ``state_dict``, saved
-back as a stock checkpoint) with arborl's calling convention:
+back as a stock checkpoint) with arborl's calling convention. Qwen2.5-VL (``qwen2_5_vl``: a
+windowed-attention vision tower, the same processor and image positions) loads the same way as
+:class:`Qwen2_5_VLPolicy`. The convention:
 
 - ``pixel_values`` are canonical pictures, ``(N, 3, H, W)`` floats holding the uint8 values
   (:meth:`Qwen2VLImages.to_pixels`); the forward pass runs the checkpoint's own image processor
@@ -42,7 +44,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import Qwen2VLForConditionalGeneration, Qwen2VLImageProcessorPil
+from transformers import (
+    PreTrainedModel,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2VLForConditionalGeneration,
+    Qwen2VLImageProcessorPil,
+)
 from transformers.conversion_mapping import (
     get_checkpoint_conversion_mapping,
     register_checkpoint_conversion_mapping,
@@ -52,8 +59,6 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_res
 from arborl.config import ConfigError
 from arborl.policy.vision import MASKED_LOGIT
 
-SUPPORTED_VLM_TYPES = ("qwen2_vl",)
-"""``model_type`` values of the vision-language checkpoints :func:`load_vlm` runs."""
 QWEN2_VL_MARKER = "<|vision_start|><|image_pad|><|vision_end|>"
 """What an image part of an observation becomes in the text (Qwen2-VL's chat template writes the same)."""
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -135,10 +140,15 @@ class Qwen2VLImages:
         return out["pixel_values"].to(pixel_values.device), out["image_grid_thw"].to(pixel_values.device)
 
 
-class Qwen2VLPolicy(Qwen2VLForConditionalGeneration):
-    """Qwen2-VL with arborl's calling convention (module docstring); ``image_processor`` is set by :func:`load_vlm`."""
+class _ArborlCalls:
+    """arborl's calling convention over a stock Qwen2-VL-family model (module docstring); mixed in before it.
+
+    ``image_processor`` is set by :func:`load_vlm`.
+    """
 
     image_processor: Qwen2VLImageProcessorPil | None = None
+    stock_class: type[PreTrainedModel]
+    """The stock transformers class: what ``config.json`` names when the policy is saved."""
 
     def image_spec(self) -> Qwen2VLImages:
         """How this policy reads images.
@@ -167,7 +177,7 @@ class Qwen2VLPolicy(Qwen2VLForConditionalGeneration):
         elif input_ids is not None and bool((input_ids == img).any()):
             raise ValueError("the input has image placeholders but no pixel_values; pass the images "
                              "(training: collate(..., images=arborl.rollout.media.image_inputs(model, store)))")
-        if cache is None and input_ids is not None:  # a whole sequence: Qwen2-VL's own positions
+        if cache is None and input_ids is not None:  # a whole sequence: the model's own positions
             kinds = (input_ids == img).int()
             position_ids, _ = self.model.get_rope_index(input_ids, kinds, grid, attention_mask=attention_mask)
         out = super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -178,19 +188,37 @@ class Qwen2VLPolicy(Qwen2VLForConditionalGeneration):
         return out
 
     def save_pretrained(self, save_directory: str | Path, **kwargs: Any) -> None:
-        """Write a stock Qwen2-VL checkpoint: weights, ``config.json`` naming the stock class, the image processor."""
+        """Write a stock checkpoint: weights, ``config.json`` naming the stock class, the image processor."""
         super().save_pretrained(save_directory, **kwargs)
         file = Path(save_directory) / "config.json"
         cfg = json.loads(file.read_text(encoding="utf-8"))
-        cfg["architectures"] = [Qwen2VLForConditionalGeneration.__name__]
+        cfg["architectures"] = [self.stock_class.__name__]
         file.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         if self.image_processor is not None:
             self.image_processor.save_pretrained(save_directory)
 
 
-# transformers finds a class's checkpoint key renames by class name: the subclass reads (and writes) the stock layout
-register_checkpoint_conversion_mapping(
-    Qwen2VLPolicy.__name__, get_checkpoint_conversion_mapping(Qwen2VLForConditionalGeneration.__name__), overwrite=True)
+class Qwen2VLPolicy(_ArborlCalls, Qwen2VLForConditionalGeneration):
+    """Qwen2-VL (``model_type = "qwen2_vl"``) with arborl's calling convention."""
+
+    stock_class = Qwen2VLForConditionalGeneration
+
+
+class Qwen2_5_VLPolicy(_ArborlCalls, Qwen2_5_VLForConditionalGeneration):
+    """Qwen2.5-VL (``model_type = "qwen2_5_vl"``: windowed vision attention, same image positions) with arborl's calling convention."""
+
+    stock_class = Qwen2_5_VLForConditionalGeneration
+
+
+POLICY_CLASSES: dict[str, type[PreTrainedModel]] = {"qwen2_vl": Qwen2VLPolicy, "qwen2_5_vl": Qwen2_5_VLPolicy}
+"""The policy class of each supported ``model_type``."""
+SUPPORTED_VLM_TYPES = tuple(POLICY_CLASSES)
+"""``model_type`` values of the vision-language checkpoints :func:`load_vlm` runs."""
+
+# transformers finds a class's checkpoint key renames by class name: the subclasses read (and write) the stock layout
+for _cls in POLICY_CLASSES.values():
+    register_checkpoint_conversion_mapping(
+        _cls.__name__, get_checkpoint_conversion_mapping(_cls.stock_class.__name__), overwrite=True)
 
 
 def vlm_type(d: Path) -> str | None:
@@ -210,15 +238,15 @@ def vlm_type(d: Path) -> str | None:
     return model_type
 
 
-def load_vlm(d: Path, *, dtype: torch.dtype, attn_implementation: str) -> Qwen2VLPolicy:
-    """The :class:`Qwen2VLPolicy` of checkpoint directory ``d`` (a :func:`vlm_type` one), with its image processor.
+def load_vlm(d: Path, model_type: str, *, dtype: torch.dtype, attn_implementation: str) -> PreTrainedModel:
+    """The policy (:data:`POLICY_CLASSES`) of checkpoint directory ``d`` of a supported ``model_type``, with its image processor.
 
     Raises:
         FileNotFoundError: ``d`` has no ``preprocessor_config.json``.
     """
     if not (d / PREPROCESSOR_FILE).is_file():
-        raise FileNotFoundError(f"the Qwen2-VL checkpoint {str(d)!r} has no {PREPROCESSOR_FILE}; copy the image "
+        raise FileNotFoundError(f"the {model_type} checkpoint {str(d)!r} has no {PREPROCESSOR_FILE}; copy the image "
                                 "processor's config from the model's release next to config.json")
-    model = Qwen2VLPolicy.from_pretrained(d, dtype=dtype, attn_implementation=attn_implementation)
+    model = POLICY_CLASSES[model_type].from_pretrained(d, dtype=dtype, attn_implementation=attn_implementation)
     model.image_processor = Qwen2VLImageProcessorPil.from_pretrained(d)
     return model

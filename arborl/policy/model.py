@@ -253,8 +253,8 @@ def load_policy(path: str | Path, *, dtype: torch.dtype = torch.float32,
         )
     if tokenizer.eos_token_id is None:
         raise ValueError(f"the tokenizer in {str(d)!r} has no eos_token; set one and save it again")
-    if vlm is not None:  # a stock vision-language checkpoint (Qwen2-VL)
-        model = hf_vision.load_vlm(d, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
+    if vlm is not None:  # a stock vision-language checkpoint (Qwen2-VL, Qwen2.5-VL)
+        model = hf_vision.load_vlm(d, vlm, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
     else:
         model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
     dev = device if isinstance(device, torch.device) else resolve_device(device)

@@ -59,19 +59,23 @@ QWEN_CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.con
 """ChatML, as Qwen2-VL's template renders string contents."""
 
 
-def save_tiny_qwen2_vl(path, *, seed: int = 0):
-    """A random-weight Qwen2-VL (2-layer LM, 1-block vision tower, 4-pixel patches) saved the stock way.
+TINY_VISION = {
+    "qwen2_vl": dict(depth=1, embed_dim=32, num_heads=2, hidden_size=32, mlp_ratio=2, in_chans=3),
+    # two blocks: one windowed (a window is 16 pixels, 2 x 2 placeholders), one full (fullatt_block_indexes)
+    "qwen2_5_vl": dict(depth=2, hidden_size=32, out_hidden_size=32, intermediate_size=64, num_heads=2, in_channels=3,
+                       window_size=16, fullatt_block_indexes=[1]),
+}
+"""The vision tower of each tiny checkpoint; both cut 4-pixel patches and merge them 2 x 2."""
+
+
+def save_tiny_qwen2_vl(path, *, arch: str = "qwen2_vl", seed: int = 0):
+    """A random-weight Qwen2-VL or Qwen2.5-VL (``arch``: 2-layer LM, tiny vision tower) saved the stock way.
 
     The tokenizer is a byte-level BPE (no merges) with Qwen2-VL's special tokens, the class
-    ``AutoTokenizer`` builds for ``qwen2_vl``, so the checkpoint reads back as written. A 16 x 16
-    picture is a 4 x 4 patch grid, merged 2 x 2 into 4 ``<|image_pad|>`` placeholders.
+    ``AutoTokenizer`` builds for both model types, so the checkpoint reads back as written. A
+    16 x 16 picture is a 4 x 4 patch grid, merged 2 x 2 into 4 ``<|image_pad|>`` placeholders.
     """
-    from transformers import (
-        Qwen2Tokenizer,
-        Qwen2VLConfig,
-        Qwen2VLForConditionalGeneration,
-        Qwen2VLImageProcessorPil,
-    )
+    from transformers import AutoConfig, AutoModelForImageTextToText, Qwen2Tokenizer, Qwen2VLImageProcessorPil
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     vocab = {c: i for i, c in enumerate(sorted(set(bytes_to_unicode().values())))}
@@ -81,19 +85,20 @@ def save_tiny_qwen2_vl(path, *, seed: int = 0):
                                                           "<|image_pad|>", "<|video_pad|>"]})
     tok.chat_template = QWEN_CHAT_TEMPLATE
     ids = tok.convert_tokens_to_ids
-    cfg = Qwen2VLConfig(
+    special = dict(bos_token_id=None, eos_token_id=ids("<|im_end|>"), pad_token_id=ids("<|endoftext|>"))
+    cfg = AutoConfig.for_model(
+        arch,
         text_config=dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=2048,
                          rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}, tie_word_embeddings=True,
-                         bos_token_id=None, eos_token_id=ids("<|im_end|>"), pad_token_id=ids("<|endoftext|>")),
-        vision_config=dict(depth=1, embed_dim=32, num_heads=2, hidden_size=32, patch_size=4, spatial_merge_size=2,
-                           temporal_patch_size=2, in_chans=3, mlp_ratio=2),
+                         **special),
+        vision_config=dict(patch_size=4, spatial_merge_size=2, temporal_patch_size=2, **TINY_VISION[arch]),
         image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
         vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
-        tie_word_embeddings=True, bos_token_id=None, eos_token_id=ids("<|im_end|>"), pad_token_id=ids("<|endoftext|>"))
+        tie_word_embeddings=True, **special)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2VLForConditionalGeneration(cfg)
+        model = AutoModelForImageTextToText.from_config(cfg)
     model.save_pretrained(path)
     tok.save_pretrained(path)
     Qwen2VLImageProcessorPil(patch_size=4, merge_size=2, temporal_patch_size=2, min_pixels=64,

@@ -1,4 +1,4 @@
-"""A stock Qwen2-VL checkpoint (tiny, random weights, built here) through arborl's one policy path.
+"""Stock Qwen2-VL and Qwen2.5-VL checkpoints (tiny, random weights, built here) through arborl's one policy path.
 
 It loads with ``load_policy``, keeps every earlier turn's image in its input across turns (kept KV
 cache, 3-D M-RoPE positions), its rollout log-probs equal the trainer's recomputed ones with the
@@ -12,11 +12,11 @@ import json
 import numpy as np
 import pytest
 import torch
-from transformers import LlavaConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessorPil
+from transformers import AutoModelForImageTextToText, LlavaConfig, Qwen2VLImageProcessorPil
 
 from arborl.config import ConfigError
 from arborl.policy import ChatRenderer, load_policy, save_policy, token_logprobs
-from arborl.policy.hf_vision import QWEN2_VL_MARKER, Qwen2VLPolicy
+from arborl.policy.hf_vision import POLICY_CLASSES, QWEN2_VL_MARKER
 from arborl.policy.vision import image_spec
 from arborl.rollout import ModelPolicy, run_episodes
 from arborl.rollout.kvcache import PrefixCache
@@ -28,9 +28,9 @@ from .conftest import gen, lake, rollout_config, save_tiny_qwen2_vl, specs
 from .test_rollout_images import ColourEnv
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return save_tiny_qwen2_vl(tmp_path_factory.mktemp("qwen2_vl") / "ckpt")
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
+def ckpt(request, tmp_path_factory):
+    return save_tiny_qwen2_vl(tmp_path_factory.mktemp(request.param) / "ckpt", arch=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +58,10 @@ def _stock_inputs(ckpt, tok, pictures: list[np.ndarray]):
 
 def test_a_stock_checkpoint_loads_through_load_policy_as_the_same_model(ckpt, loaded, tmp_path):
     model, tok = loaded
-    assert isinstance(model, Qwen2VLPolicy) and image_spec(model).marker == QWEN2_VL_MARKER
-    stock = Qwen2VLForConditionalGeneration.from_pretrained(ckpt, attn_implementation="eager").eval()
+    stock = AutoModelForImageTextToText.from_pretrained(ckpt, attn_implementation="eager").eval()
+    policy_class = POLICY_CLASSES[stock.config.model_type]
+    assert type(model) is policy_class and type(stock) is policy_class.stock_class
+    assert image_spec(model).marker == QWEN2_VL_MARKER
     assert model.state_dict().keys() == stock.state_dict().keys()
     assert all(torch.equal(v, stock.state_dict()[k]) for k, v in model.state_dict().items())
     pictures = [ColourEnv.picture(1), ColourEnv.picture(2)]
@@ -75,8 +77,9 @@ def test_a_stock_checkpoint_loads_through_load_policy_as_the_same_model(ckpt, lo
     # written back as a stock checkpoint: stock transformers reads it, with its image processor
     save_policy(model, tok, tmp_path / "again")
     cfg = json.loads((tmp_path / "again" / "config.json").read_text())
-    assert cfg["model_type"] == "qwen2_vl" and cfg["architectures"] == ["Qwen2VLForConditionalGeneration"]
-    back = Qwen2VLForConditionalGeneration.from_pretrained(tmp_path / "again")
+    assert cfg["model_type"] == stock.config.model_type and cfg["architectures"] == [type(stock).__name__]
+    back = AutoModelForImageTextToText.from_pretrained(tmp_path / "again")
+    assert type(back) is type(stock)
     assert all(torch.equal(v, back.state_dict()[k]) for k, v in model.state_dict().items())
     assert (tmp_path / "again" / "preprocessor_config.json").is_file()
 
@@ -202,5 +205,5 @@ def test_a_gradient_step_changes_the_weights_and_masked_tokens_get_no_gradient(c
 
 def test_an_unsupported_vlm_checkpoint_type_is_a_config_error_naming_the_supported_ones(tmp_path):
     LlavaConfig().save_pretrained(tmp_path)
-    with pytest.raises(ConfigError, match=r"'llava' vision-language model.*supported: qwen2_vl"):
+    with pytest.raises(ConfigError, match=r"'llava' vision-language model.*supported: qwen2_vl, qwen2_5_vl"):
         load_policy(tmp_path)
