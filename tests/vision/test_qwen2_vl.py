@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForImageTextToText, LlavaConfig, Qwen2VLImageProcessorPil
 
 from arborl.config import ConfigError
-from arborl.policy import ChatRenderer, load_policy, save_policy, token_logprobs
+from arborl.policy import ChatRenderer, add_lora, load_policy, save_policy, token_logprobs
 from arborl.policy.hf_vision import POLICY_CLASSES, QWEN2_VL_MARKER
 from arborl.policy.vision import image_spec
 from arborl.rollout import ModelPolicy, run_episodes
@@ -207,3 +207,18 @@ def test_an_unsupported_vlm_checkpoint_type_is_a_config_error_naming_the_support
     LlavaConfig().save_pretrained(tmp_path)
     with pytest.raises(ConfigError, match=r"'llava' vision-language model.*supported: qwen2_vl, qwen2_5_vl"):
         load_policy(tmp_path)
+
+
+def test_a_lora_adapter_on_it_keeps_the_logprob_invariant(ckpt):
+    model, tok = load_policy(ckpt)
+    model = add_lora(model, rank=4)
+    with torch.no_grad():  # a non-zero adapter, so it changes the numbers it must reproduce
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.1, generator=gen(6))
+    assert image_spec(model) is not None  # peft forwards the attribute to the wrapped policy
+    media = MemoryMedia()
+    eps = run_episodes(ModelPolicy(model, ChatRenderer(tok)), lambda: lake("first"), specs(3), rollout_config(3, 3),
+                       generator=gen(1), media=media)
+    logp, old = _recomputed(model, eps, media, tok.pad_token_id)
+    assert float((logp - old).abs().max()) < 1e-5
