@@ -113,7 +113,8 @@ class LMSession:
         if drop_earlier_images and reuse_cache:
             raise ValueError("drop_earlier_images needs reuse_cache=False (the cache holds the earlier images)")
         self.model = model
-        self.images = images  # an arborl.policy.vision.ImageSpec, or None (text only)
+        self.images = images  # an arborl.policy.vision.ImageReader, or None (text only)
+        self._mrope = images is not None and images.multimodal_rope  # 3-D positions: the rows keep a shift
         self.drop_earlier_images = drop_earlier_images
         self.prefix_cache = prefix_cache if reuse_cache else None
         self.num_threads = num_threads
@@ -292,7 +293,7 @@ class LMSession:
         self._mask[row, length - n:] = 1
         self._mask[row, :length - n] = 0
         self._n_real[row] = n
-        if self.images is not None and self.images.multimodal_rope:  # the kept tokens' images set the next position
+        if self._mrope:  # the kept tokens' images set the next text position
             _, nxt = self.images.positions(ids[:n], req.images[:self._image_count(ids[:n])], 0)
             self._shift[row] = nxt - n
         return ids[n:]
@@ -341,9 +342,9 @@ class LMSession:
             new_mask[b, width - len(c):] = 1
         ids, new_mask = ids.to(self.device), new_mask.to(self.device)
         # Positions count real tokens only; pad columns get a dummy (masked) position.
-        positions = self._n_real[:, None] + self._shift[:, None] + (new_mask.cumsum(1) - 1).clamp_min(0)  # (B, C)
-        if self.images is not None and self.images.multimodal_rope:
-            positions = self._rope_positions(chunks, images, positions)  # (3, B, C)
+        positions = self._n_real[:, None] + (new_mask.cumsum(1) - 1).clamp_min(0)  # (B, C)
+        if self._mrope:
+            positions = self._rope_positions(chunks, images, positions + self._shift[:, None])  # (3, B, C)
         logits = self._forward(ids, new_mask, positions, self._pixels([im for row in images for im in row]))
         self._n_real = self._n_real + new_mask.sum(1)
         return logits
@@ -379,7 +380,8 @@ class LMSession:
             # Rows still generating feed their token; finished rows feed a masked pad.
             live = (~done).long()
             feed = torch.where(done, torch.full_like(tok, self.pad_token_id), tok)
-            logits = self._forward(feed[:, None], live[:, None], (self._n_real + self._shift)[:, None])
+            pos = self._n_real + self._shift if self._mrope else self._n_real  # (B,) a text token's position
+            logits = self._forward(feed[:, None], live[:, None], pos[:, None])
             self._n_real = self._n_real + live
         return self._collect(torch.stack(steps_tok, 1), torch.stack(steps_lp, 1), n_out)
 
