@@ -70,7 +70,7 @@ class Qwen2VLImages:
     Args:
         token_id: ``<|image_pad|>``'s id.
         merge: ``vision_config.spatial_merge_size`` (patches per placeholder side).
-        processor: The checkpoint's image processor.
+        processor: The checkpoint's image processor (its ``merge_size`` is ``merge``, see :func:`load_vlm`).
     """
 
     marker = QWEN2_VL_MARKER
@@ -82,7 +82,7 @@ class Qwen2VLImages:
     def grid(self, image: np.ndarray) -> tuple[int, int]:
         """``(rows, columns)`` of placeholders of an image (the processor's resize, then patches merged)."""
         p = self.processor
-        factor = p.patch_size * p.merge_size
+        factor = p.patch_size * self.merge
         h, w = smart_resize(image.shape[0], image.shape[1], factor=factor, min_pixels=p.size["shortest_edge"],
                             max_pixels=p.size["longest_edge"])
         return h // factor, w // factor
@@ -243,10 +243,18 @@ def load_vlm(d: Path, model_type: str, *, dtype: torch.dtype, attn_implementatio
 
     Raises:
         FileNotFoundError: ``d`` has no ``preprocessor_config.json``.
+        ConfigError: the image processor cuts other patches than the vision tower reads.
     """
     if not (d / PREPROCESSOR_FILE).is_file():
         raise FileNotFoundError(f"the {model_type} checkpoint {str(d)!r} has no {PREPROCESSOR_FILE}; copy the image "
                                 "processor's config from the model's release next to config.json")
     model = POLICY_CLASSES[model_type].from_pretrained(d, dtype=dtype, attn_implementation=attn_implementation)
-    model.image_processor = Qwen2VLImageProcessorPil.from_pretrained(d)
+    proc = Qwen2VLImageProcessorPil.from_pretrained(d)
+    vc = model.config.vision_config
+    tower = (vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size)
+    if (proc.patch_size, proc.merge_size, proc.temporal_patch_size) != tower:
+        raise ConfigError(f"{str(d)!r}: {PREPROCESSOR_FILE} cuts (patch, merge, temporal patch) = "
+                          f"{(proc.patch_size, proc.merge_size, proc.temporal_patch_size)} but the vision tower reads "
+                          f"{tower}; use the image processor config released with these weights")
+    model.image_processor = proc
     return model

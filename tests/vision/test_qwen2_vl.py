@@ -222,3 +222,30 @@ def test_a_lora_adapter_on_it_keeps_the_logprob_invariant(ckpt):
                        generator=gen(1), media=media)
     logp, old = _recomputed(model, eps, media, tok.pad_token_id)
     assert float((logp - old).abs().max()) < 1e-5
+
+
+def test_the_rollout_positions_of_a_chunk_are_qwen2_vl_s_own_for_wide_images_and_offsets(loaded):
+    model, tok = loaded
+    spec = image_spec(model)
+    wide, tall = np.zeros((16, 32, 3), np.uint8), np.zeros((32, 16, 3), np.uint8)
+    assert [spec.grid(wide), spec.grid(tall)] == [(2, 4), (4, 2)]  # rows, columns: a 16 x 32 picture is 2 x 4
+    pad, start, end = tok.convert_tokens_to_ids(["<|image_pad|>", "<|vision_start|>", "<|vision_end|>"])
+    ids = [7, start, *[pad] * 8, end, 8, 9, start, *[pad] * 8, end, 10]
+    want, _ = model.model.get_rope_index(torch.tensor([ids]), (torch.tensor([ids]) == pad).int(),
+                                         torch.tensor([[1, 4, 8], [1, 8, 4]]))  # the processor's patch grids
+    got, nxt = spec.positions(ids, [wide, tall], 0)
+    assert torch.equal(got, want[:, 0]) and nxt == int(want.max()) + 1
+    # a chunk that starts later continues from its row's text position: the same layout, shifted
+    later, nxt_later = spec.positions(ids[11:], [tall], int(want[0, 0, 11]))
+    assert torch.equal(later, want[:, 0, 11:]) and nxt_later == nxt
+    assert spec.count(ids) == 2 and spec.count(ids[:5]) == 1 and spec.placeholders([wide, tall]) == [8, 8]
+
+
+def test_an_image_processor_that_cuts_other_patches_than_the_tower_reads_is_refused(ckpt, tmp_path):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(ckpt, bad)
+    Qwen2VLImageProcessorPil(patch_size=14, merge_size=2, temporal_patch_size=2).save_pretrained(bad)
+    with pytest.raises(ConfigError, match=r"\(14, 2, 2\) but the vision tower reads \(4, 2, 2\)"):
+        load_policy(bad)
