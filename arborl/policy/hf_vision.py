@@ -65,7 +65,7 @@ PREPROCESSOR_FILE = "preprocessor_config.json"
 
 
 class Qwen2VLImages:
-    """How a :class:`Qwen2VLPolicy` reads images (an :class:`~arborl.policy.vision.ImageReader`).
+    """How a :class:`Qwen2VLPolicy` reads images (a :class:`~arborl.policy.vision.MultimodalRopeReader`).
 
     Args:
         token_id: ``<|image_pad|>``'s id.

@@ -149,7 +149,7 @@ class ImageReader(Protocol):
     marker: str
     """Text an image part of an observation becomes before the chat template renders it."""
     multimodal_rope: bool
-    """Whether the model's rotary positions are 3-D (M-RoPE): the rollout then asks :meth:`positions`."""
+    """Whether the model's rotary positions are 3-D (M-RoPE): the reader is then a :class:`MultimodalRopeReader`."""
 
     def placeholders(self, images: list[np.ndarray]) -> list[int]:
         """How many placeholder tokens each image takes."""
@@ -163,8 +163,12 @@ class ImageReader(Protocol):
         """Canonical images -> the ``pixel_values`` the model's forward takes, ``(N, ...)``."""
         ...
 
+
+class MultimodalRopeReader(ImageReader, Protocol):
+    """An :class:`ImageReader` with ``multimodal_rope = True``: the model's positions are 3-D (M-RoPE)."""
+
     def positions(self, ids: list[int], images: list[np.ndarray], start: int) -> tuple[torch.Tensor, int]:
-        """Only when :attr:`multimodal_rope`: ``(3, len(ids))`` rotary positions of ``ids`` from text position ``start``, and the next text position."""
+        """``(3, len(ids))`` rotary positions of ``ids`` (holding ``images``) from text position ``start``, and the next text position."""
         ...
 
 

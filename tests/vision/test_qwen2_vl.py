@@ -249,3 +249,16 @@ def test_an_image_processor_that_cuts_other_patches_than_the_tower_reads_is_refu
     Qwen2VLImageProcessorPil(patch_size=14, merge_size=2, temporal_patch_size=2).save_pretrained(bad)
     with pytest.raises(ConfigError, match=r"\(14, 2, 2\) but the vision tower reads \(4, 2, 2\)"):
         load_policy(bad)
+
+
+@pytest.mark.parametrize("shape", [(16, 16), (100, 37), (480, 640), (2000, 3000)])
+def test_placeholders_per_image_are_the_processors_grid_at_released_qwen2_vl_settings(shape):
+    from arborl.policy.hf_vision import Qwen2VLImages
+
+    # the released Qwen2-VL processor settings: 14-pixel patches merged 2 x 2, 56 x 56 to 3584 x 3584 pixels
+    proc = Qwen2VLImageProcessorPil(patch_size=14, merge_size=2, temporal_patch_size=2, min_pixels=56 * 56,
+                                    max_pixels=14 * 14 * 4 * 16384)
+    image = np.zeros((*shape, 3), np.uint8)
+    _, rows, cols = proc(images=[image], return_tensors="pt")["image_grid_thw"][0].tolist()
+    spec = Qwen2VLImages(token_id=1, merge=2, processor=proc)
+    assert spec.grid(image) == (rows // 2, cols // 2) and spec.placeholders([image]) == [rows * cols // 4]
