@@ -183,6 +183,18 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path
 _Batch = TypeVar("_Batch")
 
 
+def context_length(config) -> int | None:
+    """Longest sequence a model attends over; None if its config does not say.
+
+    ``max_position_embeddings`` of the config, or of its text config for a vision-language model
+    (Qwen2-VL keeps it in ``text_config``).
+    """
+    n = getattr(config, "max_position_embeddings", None)
+    if n is None and hasattr(config, "get_text_config"):
+        n = getattr(config.get_text_config(), "max_position_embeddings", None)
+    return n
+
+
 def resolve_device(device: str) -> torch.device:
     """The torch device a ``device`` setting names: ``auto`` is CUDA when present, else the CPU.
 

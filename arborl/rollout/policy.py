@@ -15,6 +15,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from arborl.policy.chat import ChatRenderer
+from arborl.policy.model import context_length
 from arborl.policy.vision import ImageSpec, image_spec
 from arborl.rollout.config import SamplingConfig
 from arborl.rollout.generate import LMSession, TurnOutput, TurnRequest
@@ -84,7 +85,7 @@ class ModelPolicy:
         tok = renderer.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else renderer.end_token_ids[0]
         self.pad_token_id = int(pad)
-        self.max_context_tokens = getattr(model.config, "max_position_embeddings", None)
+        self.max_context_tokens = context_length(model.config)
         self.images = image_spec(model)  # how a vision policy reads images (None: text only)
         if drop_earlier_images and reuse_cache:
             raise ValueError("drop_earlier_images needs reuse_cache=False (the cache holds the earlier images)")

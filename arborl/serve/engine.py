@@ -26,7 +26,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from arborl.config import ConfigError
 from arborl.policy.chat import ChatRenderer
-from arborl.policy.model import load_policy, resolve_device
+from arborl.policy.model import context_length, load_policy, resolve_device
 from arborl.rollout.config import SamplingConfig
 from arborl.rollout.sampling import sample_next
 
@@ -101,7 +101,7 @@ class ServedModel:
     @property
     def max_context_tokens(self) -> int | None:
         """Longest sequence the model attends over (``max_position_embeddings``)."""
-        return getattr(self.model.config, "max_position_embeddings", None)
+        return context_length(self.model.config)
 
     def load(self, path: str | Path, policy_version: int | None = None) -> int:
         """Replace the weights by those of checkpoint ``path``; returns the new policy version.

@@ -17,6 +17,7 @@ from transformers import AutoModelForImageTextToText, LlavaConfig, Qwen2VLImageP
 from arborl.config import ConfigError
 from arborl.policy import ChatRenderer, add_lora, load_policy, save_policy, token_logprobs
 from arborl.policy.hf_vision import POLICY_CLASSES, QWEN2_VL_MARKER
+from arborl.policy.model import context_length
 from arborl.policy.vision import image_spec
 from arborl.rollout import ModelPolicy, run_episodes
 from arborl.rollout.kvcache import PrefixCache
@@ -82,6 +83,9 @@ def test_a_stock_checkpoint_loads_through_load_policy_as_the_same_model(ckpt, lo
     assert type(back) is type(stock)
     assert all(torch.equal(v, back.state_dict()[k]) for k, v in model.state_dict().items())
     assert (tmp_path / "again" / "preprocessor_config.json").is_file()
+    # the context limit lives in the text config of a VLM
+    assert context_length(model.config) == model.config.text_config.max_position_embeddings
+    assert ModelPolicy(model, ChatRenderer(tok)).max_context_tokens == context_length(model.config)
 
 
 def _vision_inputs(model) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], object]:
