@@ -11,25 +11,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import KWARGS, tiny_checkpoints
 
 from arborl.config import load_config
 from arborl.env.envs import FrozenLake
-from arborl.policy import ModelConfig, build_model, load_policy, save_policy, token_logprobs, train_tokenizer
+from arborl.policy import load_policy, token_logprobs
 from arborl.train.batch import collate
 from arborl.train.config import TrainConfig
-
-KWARGS = {"size": 4, "obs_format": "rows+cols"}
-TINY = ModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=64,
-                   max_position_embeddings=512)
 
 
 @pytest.fixture(scope="module")
 def start(tmp_path_factory):
-    env, corpus = FrozenLake(**KWARGS), list(FrozenLake.actions)
-    for seed in range(10):
-        corpus.append(env.format_observation(env.reset(seed=seed)[0]))
-    tok = train_tokenizer(corpus)
-    return save_policy(build_model(TINY, tok, seed=0), tok, tmp_path_factory.mktemp("gen") / "start")
+    return tiny_checkpoints(tmp_path_factory.mktemp("gen"), (0,))[0]
 
 
 def config(tmp_path, address: str, *, workers: int = 2, staleness: int = 0, env: str = "arborl.env.envs:FrozenLake",
