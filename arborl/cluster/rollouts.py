@@ -70,7 +70,9 @@ class GenerationActor:
         torch.set_num_threads(cfg.threads)
         self._cfg, self._actions = cfg, list(actions)
         self._model, self._tok = load_policy(start_path, device=device)
-        self._model.eval().requires_grad_(False)
+        # eval only: parameters that do not require grad make torch pick other CPU kernels in generation,
+        # whose last bits differ from the driver's model (which trains, so requires grad)
+        self._model.eval()
         self._make_env = env_factory(cfg.env)
         self._version: int | None = None  # no pushed weights loaded yet
 

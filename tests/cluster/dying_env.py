@@ -12,10 +12,10 @@ _steps = 0
 
 
 class DyingLake(FrozenLake):
-    """FrozenLake, except that the ``die_at``-th step of a Ray actor's process exits it while ``flag`` exists.
+    """FrozenLake, except that the ``die_at``-th step in a generation actor's process exits it while ``flag`` exists.
 
-    The flag file is removed first, so exactly one process dies in a run; the driver (no actor)
-    never dies.
+    The flag file is removed first, so exactly one process dies in a run; the driver and the env
+    worker actors never die.
     """
 
     def __init__(self, flag: str = "", die_at: int = 5, **kwargs) -> None:
@@ -32,6 +32,10 @@ class DyingLake(FrozenLake):
 
 
 def _in_actor() -> bool:
+    """In a generation actor: a Ray actor that has imported arborl.cluster.rollouts (an env worker never does)."""
+    import sys
+
     import ray
 
-    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+    return ("arborl.cluster.rollouts" in sys.modules and ray.is_initialized()
+            and ray.get_runtime_context().get_actor_id() is not None)

@@ -125,6 +125,22 @@ def test_generation_actors_sample_ahead_while_the_driver_updates(tmp_path, ray_c
     assert (run / "policy" / "rl" / "model.safetensors").exists()
 
 
+@pytest.mark.slow
+def test_a_killed_generation_actor_is_restarted_and_the_run_ends_as_undisturbed(tmp_path, ray_cluster):
+    # the same run twice on two actors; in the second, one actor exits at its 40th env step
+    flag, calm, hit = tmp_path / "die", tmp_path / "calm", tmp_path / "hit"
+    kwargs = f'{{ size = 4, obs_format = "rows+cols", progress_reward = 0.1, flag = "{flag}", die_at = 40 }}'
+    common = [*EXTRA, f'cluster.address="{ray_cluster.address}"', *ACTORS, "cluster.generation_workers=2",
+              'env.cls="dying_env:DyingLake"', f"env.kwargs={kwargs}"]
+    arborl("train", CFG, *sets(calm, common), env=ray_env())
+    flag.write_text("")
+    out = arborl("train", CFG, *sets(hit, common), env=ray_env())
+    assert not flag.exists() and "died; its share of iteration" in out.stdout, out.stdout
+    assert hashes(calm) == hashes(hit)
+    wa, wb = load_file(calm / "policy" / "rl" / "model.safetensors"), load_file(hit / "policy" / "rl" / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
 def test_a_bad_cluster_setting_is_one_line_from_the_cli():
     p = arborl("config", "show", CFG, "--set", 'cluster.address="nowhere"', check=False)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
