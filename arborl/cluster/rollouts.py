@@ -225,9 +225,10 @@ class ActorRollouts:
             except RayActorError as exc:
                 limit = self.cfg.cluster.max_generation_retries
                 if share.retries >= limit:
-                    raise RuntimeError(f"generation actor {share.j} died {share.retries + 1} times rolling out "
-                                       f"iteration {share.args[0]} (cluster.max_generation_retries = {limit}): "
-                                       f"{exc}") from exc
+                    n = share.retries + 1
+                    raise RuntimeError(f"generation actor {share.j} died {n} time{'s' * (n != 1)} rolling out "
+                                       f"iteration {share.args[0]} (cluster.max_generation_retries = {limit}; raise "
+                                       f"it to retry more): {exc}") from exc
                 share.retries += 1
                 self.retries += 1
                 print(f"generation actor {share.j} died; its share of iteration {share.args[0]} is rolled out again "

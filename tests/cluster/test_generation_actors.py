@@ -9,6 +9,8 @@ share rolled out again into the very episodes an undisturbed run gets.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import KWARGS, tiny_checkpoints
@@ -105,3 +107,15 @@ def test_sampling_ahead_on_the_actors_uses_the_scheduled_versions(ray_driver, ra
             versions.append({t.policy_version for e in ro.episodes for t in e.turns})
             actors.publish(it + 1, model)
     assert versions == [{0}, {0}, {1}]
+
+
+def test_an_actor_that_dies_past_the_retry_budget_stops_the_run_with_the_setting_named(ray_driver, ray_cluster, start,
+                                                                                       tmp_path):
+    flag = tmp_path / "die"
+    flag.write_text("")
+    cfg = config(tmp_path, ray_cluster.address, workers=1, env="dying_env:DyingLake",
+                 kwargs={"flag": str(flag), "die_at": 3})
+    cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, max_generation_retries=0))
+    _, _, actors = pool(cfg, start, stop=1)
+    with actors, pytest.raises(RuntimeError, match=r"died 1 time rolling out iteration 0 \(cluster.max_generation_retries = 0;"):
+        actors.take(0)
