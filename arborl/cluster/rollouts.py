@@ -173,7 +173,8 @@ class ActorRollouts:
                                                         max_task_retries=0)
         self.actors = [actor_cls.remote(cfg, str(start_path), actions, device) for _ in range(c.generation_workers)]
         ray.get([a.pid.remote() for a in self.actors])  # every actor up (or its error) before the run starts
-        print(f"generation actors: {len(self.actors)} Ray actors hold the policy and roll out the iteration's groups"
+        n = len(self.actors)
+        print(f"generation actors: {n} Ray actor{'s' * (n != 1)} holding the policy, rolling out each iteration's groups"
               f"{' ahead of the update' if self.k else ''}; a killed actor is restarted, its share rolled out again",
               flush=True)
         self._pending: dict[int, list[_Share]] = {}

@@ -102,7 +102,7 @@ def test_frozenlake_with_one_generation_actor_equals_the_single_process_run(tmp_
     arborl("train", CFG, *sets(local, EXTRA), env=ray_env())
     out = arborl("train", CFG, *sets(remote, [*EXTRA, f'cluster.address="{ray_cluster.address}"', *ACTORS,
                                               "cluster.generation_workers=1"]), env=ray_env())
-    assert "generation actors: 1 Ray actors hold the policy" in out.stdout, out.stdout
+    assert "generation actors: 1 Ray actor holding the policy" in out.stdout, out.stdout
     a, b = hashes(local), hashes(remote)
     assert len([r for r in a if r[0] == "rl"]) == 3 * 2 * 3 and {s for s, *_ in a} >= {"synth", "rl", "rl-branch"}
     assert a == b
@@ -116,8 +116,8 @@ def test_generation_actors_sample_ahead_while_the_driver_updates(tmp_path, ray_c
     out = arborl("train", CFG, *sets(run, [*EXTRA, f'cluster.address="{ray_cluster.address}"', *ACTORS,
                                            "cluster.generation_workers=2", "rl.max_staleness=1",
                                            'rl.rollout_worker="process"']), env=ray_env())
-    assert "generation actors: 2 Ray actors hold the policy and roll out the iteration's groups ahead of the update" \
-        in out.stdout, out.stdout
+    assert "generation actors: 2 Ray actors holding the policy, rolling out each iteration's groups ahead of the " \
+           "update" in out.stdout, out.stdout
     with open_store(f"sqlite:///{run}/trajectories.db") as store:
         eps = list(store.iter_episodes(source="rl"))
     # iteration i is sampled by version max(0, i - 1), on both actors
