@@ -8,7 +8,15 @@
    each running 1 or 8 env calls at once (``cluster.env_worker_threads``).
    Prints episodes/s, env steps/s and each row's throughput as a ratio to the single-process one,
    and whether every row produced the same episodes.
-2. FrozenLake through ``arborl serve`` against in-process generation: ``bench/serve.py`` (run as
+2. FrozenLake generation on Ray generation actors (``cluster.generation = "actor"``): one RL
+   iteration's rollout of the recipe (examples/frozenlake.toml: its model shape with random
+   weights, ``rl.tasks_per_iter`` x ``rl.group_size`` sampled episodes plus the branches of every
+   visited state) in this process (:func:`arborl.train.rl.roll_specs`) and on 1 and 2 actors of a
+   Ray instance this script starts (:class:`arborl.cluster.rollouts.ActorRollouts`: the groups
+   split over the actors, the weights pushed through the object store). Timed from the weight
+   push to the last share back, after one warm-up iteration; each row also checks that its
+   episodes are the single-process ones (1 actor) or the same on a second go (2 actors).
+3. FrozenLake through ``arborl serve`` against in-process generation: ``bench/serve.py`` (run as
    it is, its table printed here).
 
 What the ratios measure. The single-process engine already steps a turn's envs on threads, and a
@@ -17,7 +25,8 @@ process-level parallelism for the Python side of the env (parsing, test harness,
 let envs run on other machines. An actor with one thread steps its envs one at a time, so
 1 worker x 1 thread is the serial baseline. On a machine with few cores the figures are bounded by those cores.
 
-Usage: ``python bench/scale.py [--episodes 32] [--workers 1,2,4] [--worker-threads 1,8] [--serve-episodes 32]``
+Usage: ``python bench/scale.py [--episodes 32] [--workers 1,2,4] [--worker-threads 1,8] [--actors 1,2]
+[--actor-tasks 16] [--serve-episodes 32] [--only-actors]``
 """
 
 from __future__ import annotations
@@ -75,14 +84,84 @@ def env_rows(episodes: int, worker_counts: list[int], threads: list[int]) -> lis
     return rows
 
 
+def _episode_view(eps) -> list:
+    return [(e.group_id, [(t.output_ids, t.output_logprobs, t.reward) for t in e.turns]) for e in eps]
+
+
+def actor_rows(tasks: int, actor_counts: list[int]) -> list[tuple[str, float, int, bool]]:
+    """(label, wall seconds of one iteration's rollout, episodes, reproduced) in process, then on each actor count."""
+    from arborl.cluster.rollouts import ActorRollouts
+    from arborl.policy import load_policy
+    from arborl.train.profile import PhaseTimer
+    from arborl.train.rl import roll_specs, rollout_specs
+    from arborl.train.stages import prepare_policy
+
+    def config(n: int) -> TrainConfig:
+        extra = [f'run_dir="{tempfile.mkdtemp()}"', f"rl.tasks_per_iter={tasks}", "threads=1"]
+        if n:
+            extra += ['cluster.address="local"', 'cluster.generation="actor"', f"cluster.generation_workers={n}",
+                      "cluster.generation_worker_cpus=0.01"]
+        return load_config(TrainConfig, ROOT / "examples" / "frozenlake.toml", extra)
+
+    cfg = config(0)
+    make_env = env_factory(cfg.env)
+    start = prepare_policy(cfg, make_env)
+    model, tok = load_policy(start)
+    env = make_env()
+    task_type, actions = task_type_of(env), list(env.actions)
+    env.close()
+
+    def in_process() -> tuple[float, list]:
+        gen, task_gen = torch.Generator().manual_seed(2), torch.Generator().manual_seed(3)
+        roll_specs(cfg, 0, model, tok, gen, rollout_specs(cfg, 0, task_gen, task_type), make_env, actions, 0,
+                   PhaseTimer())  # warm-up
+        t0 = time.perf_counter()
+        ro = roll_specs(cfg, 1, model, tok, gen, rollout_specs(cfg, 1, task_gen, task_type), make_env, actions, 1,
+                        PhaseTimer())
+        return time.perf_counter() - t0, ro.episodes
+
+    def on_actors(acfg: TrainConfig) -> tuple[float, list]:
+        gen, task_gen = torch.Generator().manual_seed(2), torch.Generator().manual_seed(3)
+        with ActorRollouts(acfg, model, start, actions, task_type, start=0, stop=2, gen=gen, task_gen=task_gen) as pool:
+            pool.take(0)  # warm-up (each actor fetches the weights once)
+            t0 = time.perf_counter()
+            pool.publish(1, model)
+            eps = pool.take(1).episodes
+            return time.perf_counter() - t0, eps
+
+    base_wall, base = in_process()
+    rows = [("in process", base_wall, len(base), True)]
+    with connect(ClusterConfig(address="local", object_store_mb=200)):
+        for n in actor_counts:
+            acfg = config(n)
+            wall, eps = on_actors(acfg)
+            again = base if n == 1 else on_actors(acfg)[1]  # 1 actor: the in-process episodes; more: itself
+            rows.append((f"ray, {n} generation actor{'s' * (n > 1)}", wall, len(eps),
+                         _episode_view(eps) == _episode_view(again)))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--episodes", type=int, default=32)
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--worker-threads", default="1,8", help="cluster.env_worker_threads values to run")
+    ap.add_argument("--actors", default="1,2", help="generation actor counts to run")
+    ap.add_argument("--actor-tasks", type=int, default=16, help="rl.tasks_per_iter of the generation rows")
     ap.add_argument("--serve-episodes", type=int, default=32)
+    ap.add_argument("--only-actors", action="store_true", help="print the generation actor table only")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    gen_rows = actor_rows(args.actor_tasks, [int(n) for n in args.actors.split(",")])
+    print(f"FrozenLake recipe, one RL iteration's rollout ({args.actor_tasks} tasks x 4, plus branches); "
+          "reproduced: 1 actor = the in-process episodes, 2 actors = the same episodes on a second go")
+    print(f"{'generation':<28}{'wall s':>9}{'episodes':>10}{'episodes/s':>12}{'x in process':>14}{'reproduced':>12}")
+    for name, wall, n, same in gen_rows:
+        print(f"{name:<28}{wall:>9.2f}{n:>10}{n / wall:>12.2f}{gen_rows[0][1] / wall:>14.2f}{str(same):>12}")
+    print()
+    sys.stdout.flush()
+    if args.only_actors:
+        return
     rows = env_rows(args.episodes, [int(n) for n in args.workers.split(",")],
                     [int(t) for t in args.worker_threads.split(",")])
     base_wall, base_eps = rows[0][1:]

@@ -1,6 +1,8 @@
 """Scale-out on Ray: env workers and generation servers as actors, the trainer on the driver (docs/scale.md).
 
-Importing this package does not import Ray; only a run with ``cluster.address`` set does.
+Importing this package does not import Ray; only a run with ``cluster.address`` set does. The
+generation actors that hold the policy in-process (``cluster.generation = "actor"``) are in
+:mod:`arborl.cluster.rollouts`, imported by the RL stage (it needs torch).
 """
 
 from arborl.cluster.config import ClusterConfig, require_ray

@@ -13,7 +13,7 @@ _HOST_PORT = re.compile(r"^(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """Ray env workers: the trainer and generation stay on the driver, env calls go to actors."""
+    """Ray env workers and generation workers; the trainer stays on the driver."""
 
     address: str = ""
     """``""``: no Ray (envs step on the rollout engine's threads; Ray is never imported).
@@ -30,13 +30,25 @@ class ClusterConfig:
     whose steps wait on tools or sandboxes, 1 steps an actor's envs one at a time."""
     env_worker_memory_mb: int = 0
     """Memory Ray reserves for each env worker actor, MB (0: no reservation)."""
+    generation: str = "http"
+    """What a generation worker is. ``"http"``: an ``arborl serve`` server in a Ray actor, for
+    ``policy.backend = "http"``. ``"actor"``: a Ray actor that holds a copy of the policy in its
+    process and rolls out the groups assigned to it with arborl's kept-KV-cache engine, stepping
+    their envs itself (``policy.backend = "local"``); the trainer pushes each update's weights
+    through the object store, and with ``rl.max_staleness >= 1`` the actors sample ahead while the
+    driver updates (docs/scale.md)."""
     generation_workers: int = 0
-    """``arborl serve`` servers started as Ray actors for ``policy.backend = "http"`` (their URLs are added
-    to ``policy.urls``; each serves the run's start policy and gets the trainer's weights); 0: none."""
+    """Generation worker actors (``generation`` says which kind). ``"http"``: their URLs are added to
+    ``policy.urls``; each serves the run's start policy and gets the trainer's weights. ``"actor"``:
+    each iteration's groups are split over them in order; 0: generation stays on the driver."""
     generation_worker_cpus: float = 1.0
     """CPUs Ray reserves for each generation worker."""
     generation_worker_gpus: float = 0.0
     """GPUs Ray reserves for each generation worker (its server then runs on CUDA)."""
+    max_generation_retries: int = 3
+    """``generation = "actor"``: times one actor's share of an iteration is re-submitted after the actor
+    died (Ray restarts it; the share is rolled out again from the same random state, so it yields
+    the same episodes); then the run stops with the error."""
     max_env_retries: int = 3
     """Times one episode is retried on a restarted env worker after its worker died (then the
     episode ends with stop_reason "env_error")."""
@@ -52,7 +64,10 @@ class ClusterConfig:
                 f'cluster.address = {a!r} is not an address; use "" (no Ray), "local", "auto", "HOST:PORT" '
                 'or "ray://HOST:PORT"'
             )
-        for name in ("env_workers", "env_worker_threads", "generation_workers", "max_env_retries", "env_worker_memory_mb", "local_cpus", "object_store_mb"):
+        if self.generation not in ("http", "actor"):
+            raise ConfigError(f'cluster.generation = {self.generation!r}; use "http" (arborl serve actors) or "actor" '
+                              "(actors that hold the policy in-process)")
+        for name in ("env_workers", "env_worker_threads", "generation_workers", "max_env_retries", "max_generation_retries", "env_worker_memory_mb", "local_cpus", "object_store_mb"):
             v = getattr(self, name)
             low = 1 if name in ("env_workers", "env_worker_threads", "object_store_mb") else 0
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
@@ -64,6 +79,9 @@ class ClusterConfig:
                                   "(fractions allowed, e.g. 0.5)")
         if self.generation_workers and not self.enabled:
             raise ConfigError("cluster.generation_workers needs a cluster: set cluster.address (e.g. \"local\")")
+        if self.generation == "actor" and not self.generation_workers:
+            raise ConfigError('cluster.generation = "actor" needs cluster.generation_workers >= 1 (the actors that '
+                              'hold the policy); set it, or cluster.generation = "http"')
         if self.enabled:
             require_ray()  # refused at load time, before a run directory is touched
 

@@ -74,7 +74,7 @@ def with_generation_workers(cfg: Any, checkpoint: str, say: Any = lambda msg: No
     (Ray stops an actor whose last handle is dropped); they stop with the run's Ray connection.
     """
     n = cfg.cluster.generation_workers
-    if not n:
+    if not n or cfg.cluster.generation != "http":  # "actor": arborl.cluster.rollouts starts them in the RL stage
         return cfg, []
     import ray
 

@@ -519,12 +519,18 @@ class TrainConfig:
         if self.policy.backend == "http" and not self.policy.urls and not self.cluster.generation_workers:
             raise ConfigError('policy.backend = "http" needs policy.urls, e.g. ["http://127.0.0.1:8000"] '
                               "(start one with `arborl serve CHECKPOINT`), or cluster.generation_workers")
-        if self.cluster.generation_workers and self.policy.backend != "http":
+        actors = self.cluster.generation == "actor"
+        if self.cluster.generation_workers and not actors and self.policy.backend != "http":
             raise ConfigError('cluster.generation_workers generates for policy.backend = "http"; set it, or '
+                              'cluster.generation = "actor" (actors that hold the policy), or '
                               "cluster.generation_workers = 0 to generate in this process")
-        if self.rl.max_staleness and self.rl.rollout_worker == "process" and self.cluster.address:
+        if actors and self.policy.backend != "local":
+            raise ConfigError(f'cluster.generation = "actor" runs the in-process engine in Ray actors, not policy.backend '
+                              f'= "{self.policy.backend}"; set policy.backend = "local", or cluster.generation = "http"')
+        if self.rl.max_staleness and self.rl.rollout_worker == "process" and self.cluster.address and not actors:
             raise ConfigError('rl.rollout_worker = "process" builds its own local envs, so it would not use the '
-                              'cluster\'s env workers; set rl.rollout_worker = "thread" with cluster.address')
+                              'cluster\'s env workers; set rl.rollout_worker = "thread" with cluster.address, or '
+                              'cluster.generation = "actor" (the generation actors sample ahead)')
         if self.policy.backend in ("http", "vllm") and self.rl.branch:
             raise ConfigError(f'rl.branch = true needs policy.backend = "local" (not "{self.policy.backend}"): a branch '
                               "forces an action and scores it with prompt log-probs, which generation servers do not "

@@ -259,9 +259,16 @@ def _worker(cfg: TrainConfig, lrn: _Learner, make_env: Callable[[], Env], action
             start_it: int, start_path: Path) -> RolloutWorker | RolloutProcess | None:
     """``rl.max_staleness >= 1``: the thread or process that samples ahead (None: synchronous).
 
+    ``cluster.generation = "actor"``: the cluster's generation actors, whatever the staleness.
+
     It has its own sampling stream; the update's minibatch order keeps ``lrn.gen``.
     """
     rc = cfg.rl
+    if cfg.cluster.generation == "actor":  # Ray actors hold the policy: synchronous, or sampling ahead
+        from arborl.cluster.rollouts import ActorRollouts
+
+        return ActorRollouts(cfg, lrn.model, start_path, actions, task_type, start=start_it, stop=rc.iterations,
+                             gen=lrn.gen, task_gen=lrn.task_gen)
     if not rc.max_staleness:
         return None
     if image_spec(lrn.model) is not None:
@@ -330,11 +337,28 @@ def _rollout(cfg: TrainConfig, it: int, model, tok, gen: torch.Generator, task_g
 
     ``media``: where the images of observations go (the store; :func:`arborl.rollout.run_episodes`).
     """
+    specs = rollout_specs(cfg, it, task_gen, task_type)
+    return roll_specs(cfg, it, model, tok, gen, specs, make_env, actions, version, phase, media)
+
+
+def rollout_specs(cfg: TrainConfig, it: int, task_gen: torch.Generator, task_type: str) -> list:
+    """Iteration ``it``'s group specs: ``rl.tasks_per_iter`` training tasks drawn from ``task_gen``, ``rl.group_size`` each."""
     rc = cfg.rl
     # rollout: G members per task share the seed, hence the initial state
     offsets = torch.randint(0, cfg.env.train_seed_count, (rc.tasks_per_iter,), generator=task_gen).tolist()
     seeds = [cfg.env.train_seed_start + o for o in offsets]
-    specs = specs_for(cfg, task_type, seeds, group_size=rc.group_size, group_prefix=f"rl{it}")
+    return specs_for(cfg, task_type, seeds, group_size=rc.group_size, group_prefix=f"rl{it}")
+
+
+def roll_specs(cfg: TrainConfig, it: int, model, tok, gen: torch.Generator, specs: list,
+               make_env: Callable[[], Env], actions: list[str], version: int, phase: PhaseTimer,
+               media=None) -> Rollout:
+    """Roll out the group ``specs`` (then their tree continuations and branches) with ``model`` at ``version``.
+
+    The part of :func:`_rollout` after the task draw; a generation actor of the cluster
+    (:mod:`arborl.cluster.rollouts`) runs it on the groups assigned to it.
+    """
+    rc = cfg.rl
     backend = vllm_rollout_policy if cfg.policy.backend == "vllm" else rollout_policy
     policy = backend(cfg.policy, model, tok, version, Path(cfg.run_dir) / "policy" / "serving")
     trunk_kv = PrefixCache() if rc.branch or rc.tree else None  # trunk caches for the continuations

@@ -38,6 +38,24 @@ def ray_env() -> dict[str, str]:
             "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}  # a loopback test cluster: no token
 
 
+KWARGS = {"size": 4, "obs_format": "rows+cols"}
+"""The FrozenLake settings of the generation tests."""
+
+
+def tiny_checkpoints(root: Path, seeds: tuple[int, ...]) -> list[Path]:
+    """Tiny FrozenLake policies with random weights, one per seed, sharing one tokenizer."""
+    from arborl.env.envs import FrozenLake
+    from arborl.policy import ModelConfig, build_model, save_policy, train_tokenizer
+
+    env, corpus = FrozenLake(**KWARGS), list(FrozenLake.actions)
+    for seed in range(10):
+        corpus.append(env.format_observation(env.reset(seed=seed)[0]))
+    tok = train_tokenizer(corpus)
+    shape = ModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=64,
+                        max_position_embeddings=512)
+    return [save_policy(build_model(shape, tok, seed=s), tok, root / f"m{s}") for s in seeds]
+
+
 @dataclass
 class Cluster:
     address: str

@@ -70,10 +70,75 @@ def test_bad_cluster_settings_are_refused_with_the_fix():
                         (['cluster.address="local"', "cluster.generation_workers=1"],
                          'cluster.generation_workers generates for policy.backend = "http"'),
                         (['cluster.address="local"', "rl.max_staleness=1", 'rl.rollout_worker="process"'],
-                         'set rl.rollout_worker = "thread" with cluster.address')]:
+                         'set rl.rollout_worker = "thread" with cluster.address, or cluster.generation = "actor"'),
+                        (['cluster.generation="vllm"'], 'cluster.generation = \'vllm\'; use "http"'),
+                        (['cluster.address="local"', 'cluster.generation="actor"'],
+                         'cluster.generation = "actor" needs cluster.generation_workers >= 1'),
+                        (['cluster.address="local"', 'cluster.generation="actor"', "cluster.generation_workers=1",
+                          'policy.backend="http"', "rl.branch=false"],
+                         'runs the in-process engine in Ray actors, not policy.backend = "http"; set policy.backend = "local"')]:
         with pytest.raises(ConfigError) as err:
             load_config(TrainConfig, CFG, sets_)
         assert says in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_sampling_ahead_with_a_cluster_is_accepted_with_generation_actors():
+    from arborl.config import load_config
+    from arborl.train.config import TrainConfig
+
+    cfg = load_config(TrainConfig, CFG, ['cluster.address="local"', "rl.max_staleness=1", 'rl.rollout_worker="process"',
+                                         'cluster.generation="actor"', "cluster.generation_workers=2"])
+    assert cfg.cluster.generation == "actor" and cfg.rl.max_staleness == 1
+
+
+ACTORS = ['cluster.generation="actor"', "cluster.generation_worker_cpus=0.25", "cluster.env_workers=1",
+          "cluster.env_worker_cpus=0.25"]
+
+
+@pytest.mark.slow
+def test_frozenlake_with_one_generation_actor_equals_the_single_process_run(tmp_path, ray_cluster):
+    # one actor samples from the driver's stream and hands it back: the very run of one process
+    local, remote = tmp_path / "local", tmp_path / "actor"
+    arborl("train", CFG, *sets(local, EXTRA), env=ray_env())
+    out = arborl("train", CFG, *sets(remote, [*EXTRA, f'cluster.address="{ray_cluster.address}"', *ACTORS,
+                                              "cluster.generation_workers=1"]), env=ray_env())
+    assert "generation actors: 1 Ray actor holding the policy" in out.stdout, out.stdout
+    a, b = hashes(local), hashes(remote)
+    assert len([r for r in a if r[0] == "rl"]) == 3 * 2 * 3 and {s for s, *_ in a} >= {"synth", "rl", "rl-branch"}
+    assert a == b
+    wa, wb = load_file(local / "policy" / "rl" / "model.safetensors"), load_file(remote / "policy" / "rl" / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.slow
+def test_generation_actors_sample_ahead_while_the_driver_updates(tmp_path, ray_cluster):
+    run = tmp_path / "run"
+    out = arborl("train", CFG, *sets(run, [*EXTRA, f'cluster.address="{ray_cluster.address}"', *ACTORS,
+                                           "cluster.generation_workers=2", "rl.max_staleness=1",
+                                           'rl.rollout_worker="process"']), env=ray_env())
+    assert "generation actors: 2 Ray actors holding the policy, rolling out each iteration's groups ahead of the " \
+           "update" in out.stdout, out.stdout
+    with open_store(f"sqlite:///{run}/trajectories.db") as store:
+        eps = list(store.iter_episodes(source="rl"))
+    # iteration i is sampled by version max(0, i - 1), on both actors
+    assert {(e.iteration, t.policy_version) for e in eps for t in e.turns} == {(0, 0), (1, 0), (2, 1)}
+    assert (run / "policy" / "rl" / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_a_killed_generation_actor_is_restarted_and_the_run_ends_as_undisturbed(tmp_path, ray_cluster):
+    # the same run twice on two actors; in the second, one actor exits at its 40th env step
+    flag, calm, hit = tmp_path / "die", tmp_path / "calm", tmp_path / "hit"
+    kwargs = f'{{ size = 4, obs_format = "rows+cols", progress_reward = 0.1, flag = "{flag}", die_at = 40 }}'
+    common = [*EXTRA, f'cluster.address="{ray_cluster.address}"', *ACTORS, "cluster.generation_workers=2",
+              'env.cls="dying_env:DyingLake"', f"env.kwargs={kwargs}"]
+    arborl("train", CFG, *sets(calm, common), env=ray_env())
+    flag.write_text("")
+    out = arborl("train", CFG, *sets(hit, common), env=ray_env())
+    assert not flag.exists() and "died; its share of iteration" in out.stdout, out.stdout
+    assert hashes(calm) == hashes(hit)
+    wa, wb = load_file(calm / "policy" / "rl" / "model.safetensors"), load_file(hit / "policy" / "rl" / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def test_a_bad_cluster_setting_is_one_line_from_the_cli():

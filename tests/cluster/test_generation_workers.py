@@ -9,27 +9,20 @@ from __future__ import annotations
 import httpx
 import pytest
 import torch
+from conftest import KWARGS, tiny_checkpoints
 
 from arborl.cluster import start_generation_workers
 from arborl.env.envs import FrozenLake
-from arborl.policy import ChatRenderer, ModelConfig, build_model, save_policy, train_tokenizer
+from arborl.policy import ChatRenderer
 from arborl.rollout import EpisodeSpec, ModelPolicy, RolloutConfig, SamplingConfig, run_episodes
 from arborl.rollout.http_policy import HTTPPolicy
 
-KWARGS = {"size": 4, "obs_format": "rows+cols"}
-TINY = ModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=64,
-                   max_position_embeddings=512)
 CFG = RolloutConfig(max_turns=4, batch_size=4, sampling=SamplingConfig(greedy=True, max_new_tokens=4))
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    env, corpus = FrozenLake(**KWARGS), list(FrozenLake.actions)
-    for seed in range(10):
-        corpus.append(env.format_observation(env.reset(seed=seed)[0]))
-    tok = train_tokenizer(corpus)
-    root = tmp_path_factory.mktemp("gen")
-    return [save_policy(build_model(TINY, tok, seed=s), tok, root / f"m{s}") for s in (0, 1)]
+    return tiny_checkpoints(tmp_path_factory.mktemp("gen"), (0, 1))
 
 
 def rollout(policy):
