@@ -26,7 +26,6 @@ word-level template puts spaces between the parts (whitespace splitting drops th
 from __future__ import annotations
 
 from collections.abc import Iterable
-
 from typing import Literal
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
