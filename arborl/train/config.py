@@ -74,6 +74,13 @@ class PolicySpec:
     """System message of every episode ("" for none)."""
     tokenizer_episodes: int = 300
     """Random-play episodes whose text trains the scratch tokenizer."""
+    tokenizer: Literal["word", "bpe"] = "word"
+    """The scratch tokenizer: ``word`` (one token per whitespace-separated word; an env's ``vocabulary`` makes
+    every word known) or ``bpe`` (byte-level BPE, digits one by one: a word not in the training text is made of
+    pieces that are, so a new name can be copied as a run of trained tokens; arborl/policy/tokenizer.py)."""
+    tokenizer_vocab_size: int = 2000
+    """``tokenizer = "bpe"``: the most tokens of the scratch BPE, the 6 specials and 256 byte tokens included.
+    Smaller keeps rare names in frequent pieces; larger makes sequences shorter."""
     lora_rank: int = 0
     """RL trains a LoRA adapter of this rank on the attention projections instead of every weight (0: full
     fine-tuning; needs ``arborl[lora]``). Checkpoints hold the merged model and, in ``adapter/``, the adapter."""
@@ -116,6 +123,9 @@ class PolicySpec:
     the model could not copy it. Fixed random embeddings make every name equally copyable (0: off)."""
 
     def __post_init__(self) -> None:
+        if self.tokenizer == "bpe" and self.tokenizer_vocab_size < 262:
+            raise ConfigError(f"policy.tokenizer_vocab_size is {self.tokenizer_vocab_size}; a BPE needs at least 262 "
+                              "(6 specials and 256 byte tokens) and more for merges, e.g. 2000")
         if not self.frozen_embeddings >= 0:
             raise ConfigError(f"policy.frozen_embeddings is {self.frozen_embeddings}; use 0 (off) or a positive std "
                               "such as hidden_size ** -0.5")

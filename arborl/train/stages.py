@@ -86,7 +86,8 @@ def prepare_policy(cfg: TrainConfig, make_env: Callable[[], Env]) -> Path:
         return out
     texts, actions = _corpus(make_env, cfg.policy.tokenizer_episodes, cfg.env.train_seed_start, cfg.seed)
     corpus = texts + actions + ([cfg.policy.system_prompt] if cfg.policy.system_prompt else [])
-    tok = train_tokenizer(corpus, extra_words=actions)
+    tok = train_tokenizer(corpus, extra_words=actions, kind=cfg.policy.tokenizer,
+                          vocab_size=cfg.policy.tokenizer_vocab_size)
     model = build_model(cfg.policy.model, tok, seed=cfg.seed)
     if cfg.policy.frozen_embeddings:
         redraw_embeddings(model, cfg.policy.frozen_embeddings, seed=cfg.seed)

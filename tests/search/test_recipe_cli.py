@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from transformers import AutoTokenizer
+
 from arborl.train.common import METRICS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,3 +46,9 @@ def test_search_r1_recipe_runs_end_to_end_and_reports_em_searches_and_two_hop_us
     assert logged - set(METRICS) - env_keys - tool_keys == set()
     synth = run / "trajectories.db"
     assert synth.exists() and summary["demo_episodes"] == 40
+    # the example's scratch tokenizer is a BPE, saved as a plain HF tokenizer beside the policy
+    tok = AutoTokenizer.from_pretrained(run / "policy" / "rl")
+    assert json.loads((run / "policy" / "rl" / "tokenizer.json").read_text())["model"]["type"] == "BPE"
+    assert len(tok) <= 2000 and tok.convert_ids_to_tokens(5) == "<|end|>"
+    action = "<answer> Dario Brolkalbra </answer>"
+    assert tok.decode(tok.encode(action, add_special_tokens=False)) == action
