@@ -129,18 +129,27 @@ class RunCgroup:
                 return False
             time.sleep(0.002)
 
-    def remove(self) -> None:
-        """Kill what is left and delete the directories (best effort, bounded)."""
-        self.kill_all()
+    def remove(self, timeout_s: float = 5.0) -> None:
+        """Kill what is left and delete the directories (best effort, at most ``timeout_s``).
+
+        A killed task leaves the group only once the kernel has reaped it, which on a loaded
+        machine can take far longer than the kill itself, so the removal retries until the
+        deadline instead of a fixed number of times (it returns at once when the group is empty).
+        """
+        end = time.monotonic() + timeout_s
+        self.kill_all(timeout_s=timeout_s)
         for d in self._all_dirs():
-            for _ in range(50):
+            while True:
                 try:
                     os.rmdir(d)
                     break
                 except FileNotFoundError:
                     break
                 except OSError:
-                    time.sleep(0.002)  # the last exiting task can keep the group busy briefly
+                    if time.monotonic() > end:
+                        break
+                    self.kill_all(timeout_s=0.0)  # a task forked during the kill
+                    time.sleep(0.005)
 
 
 @dataclass(frozen=True)
