@@ -12,6 +12,7 @@ from arborl.finqa.data import KINDS, generate_example
 from arborl.finqa.digits import NUMBER, WORDS, joined_digits, spaced_digits
 from arborl.finqa.env import CALCULATOR, DigitSpaced, calculator_call, finqa_env, reward
 from arborl.finqa.reward import score
+from tests.finqa.test_env import diff_player
 
 # (text, spaced, joined back): hand-written
 TABLE = [
@@ -129,16 +130,8 @@ def test_the_oracle_solves_every_question_in_the_spaced_form(oracle_error):
 
 def test_step_metrics_read_the_spaced_form():
     env = finqa_env(sandbox="none", spaced_digits=True)
-    seed = next(s for s in range(50) if generate_example(s, test=False).kind == "diff")
-    ex = generate_example(seed, test=False)
+    ex, play = diff_player(env)
     a, b = ex.expression.split(" - ")
-
-    def play(*actions):
-        env.reset(seed=seed)
-        for action in actions:
-            res = env.step(action)
-        return res.info["metrics"]
-
     right = spaced_digits(str(int(a) - int(b)))
     assert play(calculator_call(spaced_digits(ex.expression)), f"<answer> {right} </answer>") == {
         "operands_right": 1.0, "result_right": 1.0, "answer_is_result": 1.0}

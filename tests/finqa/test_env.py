@@ -109,11 +109,9 @@ def test_episode_metrics_count_parse_failures_and_calls():
                  "calculator_calls_per_question": 5 / 4}
 
 
-def test_step_metrics_tell_wrong_cells_wrong_arithmetic_and_an_answer_that_is_not_the_result():
-    env = finqa_env(sandbox="none")
+def diff_player(env):
+    """The first ``diff`` question of the training seeds, and ``play(*actions)``: its step metrics after them."""
     seed = next(s for s in range(50) if generate_example(s, test=False).kind == "diff")
-    ex = generate_example(seed, test=False)  # e.g. "961 - 986"; the flawed one is "986 - 961"
-    a, b = ex.expression.split(" - ")
 
     def play(*actions):
         env.reset(seed=seed)
@@ -121,6 +119,12 @@ def test_step_metrics_tell_wrong_cells_wrong_arithmetic_and_an_answer_that_is_no
             res = env.step(action)
         return res.info["metrics"]
 
+    return generate_example(seed, test=False), play
+
+
+def test_step_metrics_tell_wrong_cells_wrong_arithmetic_and_an_answer_that_is_not_the_result():
+    ex, play = diff_player(finqa_env(sandbox="none"))  # e.g. "961 - 986"; the flawed one is "986 - 961"
+    a, b = ex.expression.split(" - ")
     right = str(int(a) - int(b))
     assert play(calculator_call(ex.expression), f"<answer> {right} </answer>") == {
         "operands_right": 1.0, "result_right": 1.0, "answer_is_result": 1.0}
