@@ -163,13 +163,16 @@ def finqa_env(*, train_file: str = "", test_file: str = "", heldout_from: int = 
             (:mod:`arborl.finqa.digits`; for a word-level scratch tokenizer, off for a real model).
 
     Raises:
-        ConfigError: ``sandbox`` names an unknown backend, or ``oracle_error`` is not a share.
+        ConfigError: ``sandbox`` names an unknown backend, ``oracle_error`` is not a share, or
+            ``spaced_digits`` is not a bool.
         SchemaError: A data file is missing or malformed.
     """
     if sandbox != "none" and sandbox not in BACKENDS:
         raise ConfigError(f"env.kwargs.sandbox = {sandbox!r}; choose one of {sorted(BACKENDS)} or 'none'")
     if not 0 <= oracle_error <= 1:
         raise ConfigError(f"env.kwargs.oracle_error = {oracle_error}; give a share in [0, 1]")
+    if not isinstance(spaced_digits, bool):
+        raise ConfigError(f"env.kwargs.spaced_digits = {spaced_digits!r}; use true or false")
     train = _file(train_file) if train_file else None
     test = _file(test_file) if test_file else None
 

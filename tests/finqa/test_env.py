@@ -71,6 +71,8 @@ def test_bad_kwargs_are_config_errors():
         finqa_env(sandbox="vm")
     with pytest.raises(ConfigError, match="oracle_error"):
         finqa_env(oracle_error=1.5)
+    with pytest.raises(ConfigError, match="spaced_digits = 'yes'; use true or false"):
+        finqa_env(spaced_digits="yes")
 
 
 def test_tasks_from_jsonl_files(tmp_path):
