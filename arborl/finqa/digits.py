@@ -12,6 +12,12 @@ a word of its own (``1e-5`` -> ``1 e - 5``); a sign before it is not part of it,
 letter between them, as in ``2020 609`` or ``in 2020. 53``), the word ``|`` goes between them:
 ``2 0 2 0 | 6 0 9``. Runs of spaces become one space; line breaks stay.
 
+**Kept words** (``keep``, e.g. a table's column labels ``2019``, ``2020``): a number of two or more
+characters that is one of them stays one word and counts as a word, not a number (no ``|`` next to
+it): ``revenue 2020 609`` reads ``revenue 2020 6 0 9``, so a cell's key (its row label and year) is
+two words while its value is still a digit copy. Joining reads only digits that stand alone, so a
+kept word is never joined with the digits after it.
+
 **Joining** (what the model writes, :func:`joined_digits`): digits separated by single spaces are
 one number, with ``. d`` after a digit as its fraction and ``e``/``E`` (an optional ``+``/``-``)
 and digits as its exponent: ``5 3 . 4`` -> ``53.4``, ``1 e - 5`` -> ``1e-5``. Nothing else joins: an
@@ -37,15 +43,24 @@ WORDS = (*"0123456789", ".", "-", "+", "e", "E", SEPARATOR)
 """Every word a spaced number can hold (for a scratch tokenizer's vocabulary)."""
 
 
-def spaced_digits(text: str) -> str:
+def spaced_digits(text: str, keep: frozenset[str] = frozenset()) -> str:
     """``text`` with every number written one character a word (rules in the module docstring).
+
+    Args:
+        text: Any text.
+        keep: Numbers that stay one word (only those of two or more characters; a one-digit word
+            would join with the digits beside it).
 
     >>> spaced_digits("revenue 2020 609 , growth -22.4% (1e5)")
     'revenue 2 0 2 0 | 6 0 9 , growth - 2 2 . 4 % ( 1 e 5 )'
+    >>> spaced_digits("revenue 2020 609 , from 2020 to 2021", keep=frozenset({"2020", "2021"}))
+    'revenue 2020 6 0 9 , from 2020 to 2021'
     """
     out: list[str] = []
     end = None
     for m in NUMBER.finditer(text):
+        if len(m.group()) > 1 and m.group() in keep:
+            continue
         gap = text[0 if end is None else end:m.start()]
         if end is not None and tuple(gap.split()) in _GLUE:
             gap = f" {SEPARATOR} {gap}"

@@ -23,7 +23,9 @@ success).
 With ``spaced_digits = True`` every number the model reads (statement, question, tool results) is
 written digit by digit and what it writes (the calculator expression, python code, the answer) is
 read back the same way (:mod:`arborl.finqa.digits`): for a word-level tokenizer, whose numbers are
-otherwise one rare word each.
+otherwise one rare word each. With ``whole_labels = True`` as well, the table's column labels
+(the years) stay one word each in the statement and the question, so a cell's key is two words
+(``revenue 2020``) and its value a digit copy (``revenue 2020 6 0 9``).
 
 The env also has ``vocabulary`` (every number word a table, result or answer can hold, for
 a from-scratch word-level tokenizer; the digits and ``|`` with ``spaced_digits``) and
@@ -43,7 +45,7 @@ from typing import Any
 from arborl.config import ConfigError
 from arborl.env.tool_env import Task, ToolEnv
 from arborl.finqa import digits
-from arborl.finqa.data import Example, generate_example, number_words, read_jsonl, render_document
+from arborl.finqa.data import YEARS, Example, generate_example, number_words, read_jsonl, render_document
 from arborl.finqa.digits import WORDS, joined_digits, spaced_digits
 from arborl.finqa.reward import score
 from arborl.sandbox import BACKENDS, Sandbox
@@ -123,16 +125,18 @@ def _hash01(text: str) -> float:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
 
 
-def task_of(ex: Example, spaced: bool = False) -> Task:
+def task_of(ex: Example, spaced: bool = False, whole_labels: bool = False) -> Task:
     """The :class:`Task` of an example: the statement and question as the user message.
 
     Args:
         ex: The example.
         spaced: Write the message's numbers digit by digit (:func:`spaced_digits`); the metadata
             (gold expressions) keeps them as they are, and ``metadata["spaced"]`` says so.
+        whole_labels: With ``spaced``, the table's column labels (years) stay one word each.
     """
     question = f"{render_document(ex)}\nQuestion : {ex.question}"
-    return Task(spaced_digits(question) if spaced else question, answer=ex.exe_ans, id=ex.id,
+    keep = frozenset(ex.table[0][1:]) if whole_labels else frozenset()
+    return Task(spaced_digits(question, keep) if spaced else question, answer=ex.exe_ans, id=ex.id,
                 metadata={"unit": ex.unit, "kind": ex.kind, "expression": ex.expression,
                           "flawed_expression": ex.flawed_expression, "spaced": spaced})
 
@@ -145,7 +149,7 @@ def calculator_call(expression: str) -> str:
 def finqa_env(*, train_file: str = "", test_file: str = "", heldout_from: int = 1_000_000_000,
               test_frac: float = 0.2, oracle_error: float = 0.0, sandbox: str = "bwrap",
               max_steps: int = 4, instructions: str = "system", tool_prompt: str = "hermes",
-              spaced_digits: bool = False) -> ToolEnv:
+              spaced_digits: bool = False, whole_labels: bool = False) -> ToolEnv:
     """The FinQA :class:`~arborl.env.tool_env.ToolEnv` (see the module docstring).
 
     Args:
@@ -161,10 +165,13 @@ def finqa_env(*, train_file: str = "", test_file: str = "", heldout_from: int = 
             model's chat template expects); ``"compact"``: :class:`CompactHermes`'s short one.
         spaced_digits: Numbers digit by digit in what the model reads and writes
             (:mod:`arborl.finqa.digits`; for a word-level scratch tokenizer, off for a real model).
+        whole_labels: With ``spaced_digits``, the table's column labels (the years) stay one word
+            each in the statement and the question (the generated years join the vocabulary).
 
     Raises:
         ConfigError: ``sandbox`` names an unknown backend, ``oracle_error`` is not a share, or
-            ``spaced_digits`` is not a bool.
+            ``spaced_digits`` or ``whole_labels`` is not a bool, or ``whole_labels`` is set
+            without ``spaced_digits``.
         SchemaError: A data file is missing or malformed.
     """
     if sandbox != "none" and sandbox not in BACKENDS:
@@ -173,6 +180,10 @@ def finqa_env(*, train_file: str = "", test_file: str = "", heldout_from: int = 
         raise ConfigError(f"env.kwargs.oracle_error = {oracle_error}; give a share in [0, 1]")
     if not isinstance(spaced_digits, bool):
         raise ConfigError(f"env.kwargs.spaced_digits = {spaced_digits!r}; use true or false")
+    if not isinstance(whole_labels, bool):
+        raise ConfigError(f"env.kwargs.whole_labels = {whole_labels!r}; use true or false")
+    if whole_labels and not spaced_digits:
+        raise ConfigError("env.kwargs.whole_labels = true needs spaced_digits = true (without it every number is one word)")
     train = _file(train_file) if train_file else None
     test = _file(test_file) if test_file else None
 
@@ -196,11 +207,12 @@ def finqa_env(*, train_file: str = "", test_file: str = "", heldout_from: int = 
     spaced = spaced_digits  # the argument hides the function in this scope: digits.spaced_digits above
     tools: list[Any] = [DigitSpaced(CALCULATOR) if spaced else CALCULATOR]
     tools += [SandboxedPython(sandbox, spaced=spaced)] if sandbox != "none" else []
-    env = ToolEnv(lambda seed: task_of(example(seed), spaced), tools, reward, call_format=hermes_format(tool_prompt),
+    env = ToolEnv(lambda seed: task_of(example(seed), spaced, whole_labels), tools, reward, call_format=hermes_format(tool_prompt),
                   max_steps=max_steps, system_prompt=INSTRUCTIONS, instructions=instructions,
                   task_type="finqa", expert=expert, deterministic=oracle_error == 0, call_timeout_s=10.0,
                   metrics=step_metrics)
-    env.vocabulary = list(WORDS) if spaced else number_words()  # type: ignore[attr-defined]
+    years = [str(y) for y in YEARS] if whole_labels else []
+    env.vocabulary = [*WORDS, *years] if spaced else number_words()  # type: ignore[attr-defined]
     env.episode_metrics = episode_metrics  # type: ignore[attr-defined]
     return env
 
