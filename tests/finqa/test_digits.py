@@ -42,6 +42,25 @@ def test_spacing_table(text, spaced, joined):
     assert joined_digits(spaced) == joined
 
 
+YEARS = frozenset({"2020", "2021", "5"})
+# (text, spaced with YEARS kept, joined back): hand-written
+KEPT = [
+    ("revenue 2020 609 , revenue 2021 595", "revenue 2020 6 0 9 , revenue 2021 5 9 5",
+     "revenue 2020 609 , revenue 2021 595"),  # a kept word is no number: no | beside it
+    ("from 2020 to 2021 ?", "from 2020 to 2021 ?", "from 2020 to 2021 ?"),
+    ("609 2020 610", "6 0 9 2020 6 1 0", "609 2020 610"),
+    ("in 2020. 53", "in 2020. 5 3", "in 2020. 53"),
+    ("2020.5 20201 2022", "2 0 2 0 . 5 | 2 0 2 0 1 | 2 0 2 2", "2020.5 | 20201 | 2022"),  # only the whole number is kept
+    ("5 7", "5 | 7", "5 | 7"),  # a one-digit word is never kept: it would join with its neighbours
+]
+
+
+@pytest.mark.parametrize(("text", "spaced", "joined"), KEPT)
+def test_kept_words_stay_one_word(text, spaced, joined):
+    assert spaced_digits(text, YEARS) == spaced
+    assert joined_digits(spaced) == joined
+
+
 @pytest.mark.parametrize(("written", "read"), [
     ("5 3 . 4", "53.4"), ("5 3 | 7 5", "53 | 75"), ("5 3 7 5", "5375"), ("5 3  7 5", "53  75"),
     ("round( 5 3 , 1 )", "round( 53 , 1 )"), ("5 .", "5 ."), (". 5", ". 5"), ("5 . . 3", "5 . . 3"),
@@ -57,14 +76,16 @@ def test_round_trip_keeps_every_number_on_random_texts():
     rng = random.Random(0)
     parts = ["1", "23", "4.5", "0.07", "1e5", "2E-3", " ", "  ", "-", "+", "*", "/", "(", ")", ",", ".", ". ", "e",
              "x", "ab", "%", "$", "\n", "round(", "|"]
-    for _ in range(3000):
+    for i in range(3000):
         text = "".join(rng.choice(parts) for _ in range(rng.randint(1, 12)))
-        spaced = spaced_digits(text)
+        keep = frozenset({"23", "1"}) if i % 2 else frozenset()  # "1" is one digit: never kept
+        spaced = spaced_digits(text, keep)
         back = joined_digits(spaced)
         assert NUMBER.findall(back) == NUMBER.findall(text), (text, spaced, back)
         if spaced.count("|") == text.count("|"):
             assert re.sub(r"\s", "", back) == re.sub(r"\s", "", text), (text, spaced, back)
-        assert all(" ".join(n) in spaced for n in NUMBER.findall(text)), (text, spaced)  # one character a word
+        spaced_numbers = [n for n in NUMBER.findall(text) if n not in keep or len(n) == 1]
+        assert all(" ".join(n) in spaced for n in spaced_numbers), (text, spaced)  # one character a word
 
 
 def test_two_numbers_never_merge_when_read():
@@ -80,10 +101,30 @@ def test_two_numbers_never_merge_when_read():
                 assert f"{row[0]} {' '.join(year)} | {' '.join(cell)}" in env.task.question
 
 
+def test_whole_labels_keep_the_years_one_word():
+    """With ``whole_labels`` a cell reads ``item year`` then its digits, the question's years one word each."""
+    env = finqa_env(sandbox="none", spaced_digits=True, whole_labels=True)
+    env.reset(seed=3)  # hand-checked: Diopaem Group, 2012-2013, a diff question on assets
+    assert env.task.question.split("\n")[1:3] == ["revenue 2012 4 4 0 , revenue 2013 5 5 8",
+                                                  "costs 2012 2 1 4 , costs 2013 2 6 1"]
+    assert env.task.question.endswith("Question : By how much did assets change from 2012 to 2013 , in millions ?")
+    assert env.expert_action() == calculator_call("9 6 1 - 9 8 6")
+    assert set(env.vocabulary) == set(WORDS) | {str(y) for y in range(2010, 2024)}
+    for seed in range(300):
+        env.reset(seed=seed)
+        ex = generate_example(seed, test=False)
+        numbers = [w for w in env.task.question.split() if re.search(r"\d\d", w)]
+        assert numbers and set(numbers) <= set(ex.table[0][1:]), numbers  # only the years are whole
+        for row in ex.table[1:]:
+            for year, cell in zip(ex.table[0][1:], row[1:], strict=True):
+                assert f"{row[0]} {year} {' '.join(cell)}" in env.task.question
+
+
 @pytest.mark.parametrize("test", [False, True])
-def test_gold_answers_score_one_in_the_spaced_form(test):
+@pytest.mark.parametrize("whole_labels", [False, True])
+def test_gold_answers_score_one_in_the_spaced_form(test, whole_labels):
     """The gold, the rounded answer and the calculator's result, written digit by digit, all score 1.0."""
-    env = finqa_env(sandbox="none", spaced_digits=True, heldout_from=10_000)
+    env = finqa_env(sandbox="none", spaced_digits=True, heldout_from=10_000, whole_labels=whole_labels)
     calc = DigitSpaced(CALCULATOR)
     seen = set()
     for seed in range(1000):
@@ -109,9 +150,10 @@ def test_the_unspaced_reward_is_unchanged():
 
 
 @pytest.mark.parametrize("oracle_error", [0.0, 1.0])
-def test_the_oracle_solves_every_question_in_the_spaced_form(oracle_error):
-    env = finqa_env(sandbox="none", spaced_digits=True, oracle_error=oracle_error)
-    assert set(env.vocabulary) == set(WORDS)
+@pytest.mark.parametrize("whole_labels", [False, True])
+def test_the_oracle_solves_every_question_in_the_spaced_form(oracle_error, whole_labels):
+    env = finqa_env(sandbox="none", spaced_digits=True, oracle_error=oracle_error, whole_labels=whole_labels)
+    assert set(WORDS) <= set(env.vocabulary) and len(env.vocabulary) == len(WORDS) + 14 * whole_labels
     for seed in range(200):
         env.reset(seed=seed)
         ex = generate_example(seed, test=False)

@@ -73,6 +73,10 @@ def test_bad_kwargs_are_config_errors():
         finqa_env(oracle_error=1.5)
     with pytest.raises(ConfigError, match="spaced_digits = 'yes'; use true or false"):
         finqa_env(spaced_digits="yes")
+    with pytest.raises(ConfigError, match="whole_labels = 1; use true or false"):
+        finqa_env(spaced_digits=True, whole_labels=1)
+    with pytest.raises(ConfigError, match="whole_labels = true needs spaced_digits = true"):
+        finqa_env(whole_labels=True)
 
 
 def test_tasks_from_jsonl_files(tmp_path):
