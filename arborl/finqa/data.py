@@ -85,6 +85,10 @@ class Example:
     """A plausible wrong expression (a weaker teacher's demonstration; see ``FinQATask``)."""
 
 
+YEARS = range(2010, 2024)
+"""Every year a generated statement can hold (2 or 3 consecutive years from 2010-2021 on)."""
+
+
 def company_name(rng: random.Random) -> str:
     """A fictional company name (two syllables and a suffix)."""
     word = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(2))
@@ -198,7 +202,7 @@ def generate_example(seed: int, *, test: bool, test_frac: float = 0.2, kinds: tu
         if is_held_out(company, test_frac) == test:
             break
     n_years = rng.choice((2, 3))
-    start = rng.randint(2010, 2021)
+    start = rng.randint(YEARS[0], YEARS[-1] - 2)
     years = list(range(start, start + n_years))
     t = _statement(rng, n_years)
     while True:

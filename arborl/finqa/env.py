@@ -20,9 +20,17 @@ demonstrations are imperfect and RL has something to fix. Such an env says
 ``deterministic = False`` (its expert is not always right, so ``check_env`` does not hold it to
 success).
 
+With ``spaced_digits = True`` every number the model reads (statement, question, tool results) is
+written digit by digit and what it writes (the calculator expression, python code, the answer) is
+read back the same way (:mod:`arborl.finqa.digits`): for a word-level tokenizer, whose numbers are
+otherwise one rare word each. With ``whole_labels = True`` as well, the table's column labels
+(the years) stay one word each in the statement and the question, so a cell's key is two words
+(``revenue 2020``) and its value a digit copy (``revenue 2020 6 0 9``).
+
 The env also has ``vocabulary`` (every number word a table, result or answer can hold, for
-a from-scratch word-level tokenizer) and ``episode_metrics(episodes)``: parse failures
-and tool calls per question of evaluated episodes (``summary.json`` holds them).
+a from-scratch word-level tokenizer; the digits and ``|`` with ``spaced_digits``) and
+``episode_metrics(episodes)``: parse failures and tool calls per question of evaluated episodes
+(``summary.json`` holds them).
 """
 
 from __future__ import annotations
@@ -36,9 +44,12 @@ from typing import Any
 
 from arborl.config import ConfigError
 from arborl.env.tool_env import Task, ToolEnv
-from arborl.finqa.data import Example, generate_example, number_words, read_jsonl, render_document
+from arborl.finqa import digits
+from arborl.finqa.data import YEARS, Example, generate_example, number_words, read_jsonl, render_document
+from arborl.finqa.digits import WORDS, joined_digits, spaced_digits
 from arborl.finqa.reward import score
 from arborl.sandbox import BACKENDS, Sandbox
+from arborl.tools.base import ErrorResult, Tool
 from arborl.tools.calculator import calculator as evaluate_expression
 from arborl.tools.formats import hermes_format
 from arborl.tools.function import FunctionTool
@@ -47,30 +58,49 @@ from arborl.tools.python_tool import PythonTool
 INSTRUCTIONS = "Answer with a number . Use the calculator ."
 
 
+class DigitSpaced:
+    """A tool that reads its string arguments with :func:`joined_digits` and answers with :func:`spaced_digits`.
+
+    Args:
+        tool: The wrapped tool (its name, description and parameters are this tool's).
+    """
+
+    def __init__(self, tool: Tool) -> None:
+        self.tool, self.name, self.description, self.parameters = tool, tool.name, tool.description, tool.parameters
+
+    def __call__(self, arguments: dict[str, Any]) -> str:
+        """The wrapped tool's result for the joined arguments, its numbers spaced (an error stays an error)."""
+        out = self.tool({k: joined_digits(v) if isinstance(v, str) else v for k, v in arguments.items()})
+        return ErrorResult(spaced_digits(out)) if isinstance(out, ErrorResult) else spaced_digits(out)
+
+
 class SandboxedPython:
     """The ``python`` tool as a stateful tool: one sandbox per episode, made on its first call.
 
     Args:
         backend: A sandbox backend name (see :data:`arborl.sandbox.BACKENDS`).
         wall_s: Wall-clock limit of one run.
+        spaced: Code and output with numbers digit by digit (:class:`DigitSpaced`).
     """
 
     name = PythonTool.name
     description = "Run Python code in a fresh sandbox and return what it prints."
     parameters = {**PythonTool.parameters, "properties": {"code": {"type": "string"}}}
 
-    def __init__(self, backend: str, wall_s: float = 5.0) -> None:
-        self.backend, self.wall_s = backend, wall_s
+    def __init__(self, backend: str, wall_s: float = 5.0, spaced: bool = False) -> None:
+        self.backend, self.wall_s, self.spaced = backend, wall_s, spaced
 
-    def create(self) -> PythonTool:
+    def create(self) -> PythonTool | DigitSpaced:
         """A python tool on a fresh sandbox."""
         from arborl.sandbox import Limits
 
-        return PythonTool(Sandbox(backend=self.backend, limits=Limits(wall_s=self.wall_s)))
+        tool = PythonTool(Sandbox(backend=self.backend, limits=Limits(wall_s=self.wall_s)))
+        return DigitSpaced(tool) if self.spaced else tool
 
-    def release(self, instance: PythonTool) -> None:
+    def release(self, instance: PythonTool | DigitSpaced) -> None:
         """Close the episode's sandbox."""
-        instance.sandbox.close()
+        inner = instance.tool if isinstance(instance, DigitSpaced) else instance
+        inner.sandbox.close()  # type: ignore[union-attr]
 
 
 def calculator(expression: str) -> str:
@@ -95,11 +125,20 @@ def _hash01(text: str) -> float:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
 
 
-def task_of(ex: Example) -> Task:
-    """The :class:`Task` of an example: the statement and question as the user message."""
-    return Task(f"{render_document(ex)}\nQuestion : {ex.question}", answer=ex.exe_ans, id=ex.id,
+def task_of(ex: Example, spaced: bool = False, whole_labels: bool = False) -> Task:
+    """The :class:`Task` of an example: the statement and question as the user message.
+
+    Args:
+        ex: The example.
+        spaced: Write the message's numbers digit by digit (:func:`spaced_digits`); the metadata
+            (gold expressions) keeps them as they are, and ``metadata["spaced"]`` says so.
+        whole_labels: With ``spaced``, the table's column labels (years) stay one word each.
+    """
+    question = f"{render_document(ex)}\nQuestion : {ex.question}"
+    keep = frozenset(ex.table[0][1:]) if whole_labels else frozenset()
+    return Task(spaced_digits(question, keep) if spaced else question, answer=ex.exe_ans, id=ex.id,
                 metadata={"unit": ex.unit, "kind": ex.kind, "expression": ex.expression,
-                          "flawed_expression": ex.flawed_expression})
+                          "flawed_expression": ex.flawed_expression, "spaced": spaced})
 
 
 def calculator_call(expression: str) -> str:
@@ -109,7 +148,8 @@ def calculator_call(expression: str) -> str:
 
 def finqa_env(*, train_file: str = "", test_file: str = "", heldout_from: int = 1_000_000_000,
               test_frac: float = 0.2, oracle_error: float = 0.0, sandbox: str = "bwrap",
-              max_steps: int = 4, instructions: str = "system", tool_prompt: str = "hermes") -> ToolEnv:
+              max_steps: int = 4, instructions: str = "system", tool_prompt: str = "hermes",
+              spaced_digits: bool = False, whole_labels: bool = False) -> ToolEnv:
     """The FinQA :class:`~arborl.env.tool_env.ToolEnv` (see the module docstring).
 
     Args:
@@ -123,15 +163,27 @@ def finqa_env(*, train_file: str = "", test_file: str = "", heldout_from: int = 
         instructions: Where the tool instructions go, ``"system"`` or ``"user"``.
         tool_prompt: ``"hermes"``: the Hermes prompt with the tools' JSON schemas (what a real
             model's chat template expects); ``"compact"``: :class:`CompactHermes`'s short one.
+        spaced_digits: Numbers digit by digit in what the model reads and writes
+            (:mod:`arborl.finqa.digits`; for a word-level scratch tokenizer, off for a real model).
+        whole_labels: With ``spaced_digits``, the table's column labels (the years) stay one word
+            each in the statement and the question (the generated years join the vocabulary).
 
     Raises:
-        ConfigError: ``sandbox`` names an unknown backend, or ``oracle_error`` is not a share.
+        ConfigError: ``sandbox`` names an unknown backend, ``oracle_error`` is not a share, or
+            ``spaced_digits`` or ``whole_labels`` is not a bool, or ``whole_labels`` is set
+            without ``spaced_digits``.
         SchemaError: A data file is missing or malformed.
     """
     if sandbox != "none" and sandbox not in BACKENDS:
         raise ConfigError(f"env.kwargs.sandbox = {sandbox!r}; choose one of {sorted(BACKENDS)} or 'none'")
     if not 0 <= oracle_error <= 1:
         raise ConfigError(f"env.kwargs.oracle_error = {oracle_error}; give a share in [0, 1]")
+    if not isinstance(spaced_digits, bool):
+        raise ConfigError(f"env.kwargs.spaced_digits = {spaced_digits!r}; use true or false")
+    if not isinstance(whole_labels, bool):
+        raise ConfigError(f"env.kwargs.whole_labels = {whole_labels!r}; use true or false")
+    if whole_labels and not spaced_digits:
+        raise ConfigError("env.kwargs.whole_labels = true needs spaced_digits = true (without it every number is one word)")
     train = _file(train_file) if train_file else None
     test = _file(test_file) if test_file else None
 
@@ -144,27 +196,35 @@ def finqa_env(*, train_file: str = "", test_file: str = "", heldout_from: int = 
     def expert(env: ToolEnv) -> str:
         task = env.task
         assert task is not None
-        if env.last_results:
+        if env.last_results:  # the result as the model read it (spaced when the env spaces numbers)
             return f"<answer> {env.last_results[-1].strip()} </answer>"
         flawed = _hash01(f"oracle-{task.id}") < oracle_error and task.metadata["flawed_expression"]
         expression = task.metadata["flawed_expression"] if flawed else task.metadata["expression"]
         if not expression:
             raise ConfigError(f"example {task.id!r} has no 'expression'; the oracle needs one for synth")
-        return calculator_call(expression)
+        return calculator_call(digits.spaced_digits(expression) if spaced else expression)
 
-    tools: list[Any] = [CALCULATOR] + ([SandboxedPython(sandbox)] if sandbox != "none" else [])
-    env = ToolEnv(lambda seed: task_of(example(seed)), tools, reward, call_format=hermes_format(tool_prompt),
+    spaced = spaced_digits  # the argument hides the function in this scope: digits.spaced_digits above
+    tools: list[Any] = [DigitSpaced(CALCULATOR) if spaced else CALCULATOR]
+    tools += [SandboxedPython(sandbox, spaced=spaced)] if sandbox != "none" else []
+    env = ToolEnv(lambda seed: task_of(example(seed), spaced, whole_labels), tools, reward, call_format=hermes_format(tool_prompt),
                   max_steps=max_steps, system_prompt=INSTRUCTIONS, instructions=instructions,
                   task_type="finqa", expert=expert, deterministic=oracle_error == 0, call_timeout_s=10.0,
                   metrics=step_metrics)
-    env.vocabulary = number_words()  # type: ignore[attr-defined]
+    years = [str(y) for y in YEARS] if whole_labels else []
+    env.vocabulary = [*WORDS, *years] if spaced else number_words()  # type: ignore[attr-defined]
     env.episode_metrics = episode_metrics  # type: ignore[attr-defined]
     return env
 
 
 def reward(answer: str, task: Task) -> float:
-    """FinQA execution accuracy of ``answer`` against the task's gold number."""
-    return score(answer, float(task.answer), task.metadata.get("unit", ""))[0]
+    """FinQA execution accuracy of ``answer`` against the task's gold number (spaced digits joined first)."""
+    return score(_read(answer, task), float(task.answer), task.metadata.get("unit", ""))[0]
+
+
+def _read(text: str, task: Task) -> str:
+    """What the model wrote, its numbers joined when the task spaces them."""
+    return joined_digits(text) if task.metadata.get("spaced") else text
 
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -183,14 +243,15 @@ def step_metrics(env: ToolEnv, answer: str | None) -> dict[str, float]:
     task = env.task
     assert task is not None
     expression = task.metadata.get("expression") or ""
-    statement = task.question.split("\nQuestion :")[0]
+    statement = _read(task.question.split("\nQuestion :")[0], task)
     cells = set(_NUMBER.findall(expression)) & set(_NUMBER.findall(statement))
-    calcs = [(str(args.get("expression", "")), str(out)) for name, args, out in env.calls if name == "calculator"]
-    values = [float(v) for _, out in calcs if (v := out.strip()) and _NUMBER.fullmatch(v)]
+    calcs = [(_read(str(args.get("expression", "")), task), _read(str(out), task))
+             for name, args, out in env.calls if name == "calculator"]
+    values = [float(v) for _, out in calcs if (v := out.replace(" ", "")) and _NUMBER.fullmatch(v)]
     out = {"operands_right": float(bool(calcs) and cells <= set(_NUMBER.findall(calcs[0][0]))),
            "result_right": float(any(reward(str(v), task) == 1.0 for v in values))}
     if answer is not None and values:
-        out["answer_is_result"] = score(answer, values[-1])[0]
+        out["answer_is_result"] = score(_read(answer, task), values[-1])[0]
     return out
 
 

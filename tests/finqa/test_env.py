@@ -71,6 +71,12 @@ def test_bad_kwargs_are_config_errors():
         finqa_env(sandbox="vm")
     with pytest.raises(ConfigError, match="oracle_error"):
         finqa_env(oracle_error=1.5)
+    with pytest.raises(ConfigError, match="spaced_digits = 'yes'; use true or false"):
+        finqa_env(spaced_digits="yes")
+    with pytest.raises(ConfigError, match="whole_labels = 1; use true or false"):
+        finqa_env(spaced_digits=True, whole_labels=1)
+    with pytest.raises(ConfigError, match="whole_labels = true needs spaced_digits = true"):
+        finqa_env(whole_labels=True)
 
 
 def test_tasks_from_jsonl_files(tmp_path):
@@ -109,11 +115,9 @@ def test_episode_metrics_count_parse_failures_and_calls():
                  "calculator_calls_per_question": 5 / 4}
 
 
-def test_step_metrics_tell_wrong_cells_wrong_arithmetic_and_an_answer_that_is_not_the_result():
-    env = finqa_env(sandbox="none")
+def diff_player(env):
+    """The first ``diff`` question of the training seeds, and ``play(*actions)``: its step metrics after them."""
     seed = next(s for s in range(50) if generate_example(s, test=False).kind == "diff")
-    ex = generate_example(seed, test=False)  # e.g. "961 - 986"; the flawed one is "986 - 961"
-    a, b = ex.expression.split(" - ")
 
     def play(*actions):
         env.reset(seed=seed)
@@ -121,6 +125,12 @@ def test_step_metrics_tell_wrong_cells_wrong_arithmetic_and_an_answer_that_is_no
             res = env.step(action)
         return res.info["metrics"]
 
+    return generate_example(seed, test=False), play
+
+
+def test_step_metrics_tell_wrong_cells_wrong_arithmetic_and_an_answer_that_is_not_the_result():
+    ex, play = diff_player(finqa_env(sandbox="none"))  # e.g. "961 - 986"; the flawed one is "986 - 961"
+    a, b = ex.expression.split(" - ")
     right = str(int(a) - int(b))
     assert play(calculator_call(ex.expression), f"<answer> {right} </answer>") == {
         "operands_right": 1.0, "result_right": 1.0, "answer_is_result": 1.0}
