@@ -33,6 +33,7 @@ import torch
 from transformers import PreTrainedModel
 
 from arborl.rollout.config import SamplingConfig
+from arborl.rollout.decoder import fast_forward, supports
 from arborl.rollout.kvcache import BatchKVCache, KeptRow, PrefixCache
 from arborl.rollout.sampling import sample_next
 
@@ -131,6 +132,7 @@ class LMSession:
                 "re-indexes cache columns and supports full-attention models only"
             )
         self._end = torch.tensor(self.end_token_ids, device=self.device)
+        self._fast = images is None and supports(model)  # the engine's own forward over the cache (decoder.py)
         self._reset()
         self._pending: dict[int, list[int]] = {}  # slot -> sampled tokens not yet fed
         self._history: dict[int, list[int]] = {}  # slot -> all tokens (only without cache reuse)
@@ -319,6 +321,8 @@ class LMSession:
                  pixel_values: torch.Tensor | None = None) -> torch.Tensor:
         """Feed ``(B, C)`` tokens (and the images of their placeholders) after the cache; ``(B, V)`` last logits."""
         self._mask = torch.cat([self._mask, new_mask], dim=1)  # (B, L + C)
+        if self._fast and pixel_values is None:
+            return fast_forward(self.model, self._cache, ids, self._mask, positions)
         images = {} if pixel_values is None else {"pixel_values": pixel_values}
         out = self.model(
             input_ids=ids,
