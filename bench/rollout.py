@@ -10,9 +10,11 @@ word-level vocabulary) and prints episodes/s, generated tokens/s and the ratio t
 * ``HF generate baseline``: every turn, each live episode's full conversation is rendered with
   the chat template, re-tokenized, left-padded into one batch and passed to ``model.generate``.
 
-Usage: ``python bench/rollout.py [--episodes 64] [--turns 8] [--threads 1,2] [--max-new-tokens 12]``
-(one table per thread count). To compare code states, run it from each checkout on the same
-machine back to back (docs/demo.md has the engine's before/after).
+Usage: ``python bench/rollout.py [--episodes 64] [--turns 8] [--threads 1,2] [--max-new-tokens 12]
+[--no-reprefill]`` (one table per thread count, then one summary line per thread count: the
+kept-cache engine's tokens/s and its speed-up over the baseline of the same table). To compare
+code states, run it from each checkout on the same machine back to back (docs/demo.md, "The
+engine's own speed", has the engine's before/after).
 """
 
 from __future__ import annotations
@@ -138,28 +140,35 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2", help="comma-separated torch thread counts, one table each")
     ap.add_argument("--max-new-tokens", type=int, default=12)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-reprefill", action="store_true", help="skip the re-prefill row (a shorter run)")
     args = ap.parse_args()
     tok, renderer, model = _setup(args.seed)
+    summary = []
     for threads in [int(t) for t in args.threads.split(",")]:
         torch.set_num_threads(threads)
-        _table(model, tok, renderer, args, threads)
+        summary.append((threads, *_table(model, tok, renderer, args, threads)))
+    print()
+    for threads, tokens_s, speedup in summary:
+        print(f"engine (kept KV cache), threads={threads}: {tokens_s:.0f} tokens/s, {speedup:.2f}x the HF generate baseline")
 
 
-def _table(model: Any, tok: Any, renderer: ChatRenderer, args: argparse.Namespace, threads: int) -> None:
+def _table(model: Any, tok: Any, renderer: ChatRenderer, args: argparse.Namespace, threads: int) -> tuple[float, float]:
+    """Print one table at ``threads``; returns the kept-cache engine's tokens/s and its speed-up."""
     n_params = sum(p.numel() for p in model.parameters())
     print(f"\n{args.episodes} episodes x {args.turns} turns, max_new_tokens={args.max_new_tokens}, "
           f"threads={threads}, model {n_params / 1e6:.2f}M params, vocab {len(tok)}")
     _engine(model, renderer, argparse.Namespace(**{**vars(args), "episodes": 4, "turns": 2}), True)  # warm-up
-    rows = [
-        ("HF generate baseline", *_hf_baseline(model, tok, renderer, args)),
-        ("engine, re-prefill", *_engine(model, renderer, args, False)),
-        ("engine (kept KV cache)", *_engine(model, renderer, args, True)),
-    ]
+    rows = [("HF generate baseline", *_hf_baseline(model, tok, renderer, args))]
+    if not args.no_reprefill:
+        rows.append(("engine, re-prefill", *_engine(model, renderer, args, False)))
+    rows.append(("engine (kept KV cache)", *_engine(model, renderer, args, True)))
     base = rows[0][1]
     print(f"| {'method':<24} | {'seconds':>8} | {'episodes/s':>10} | {'tokens/s':>9} | {'speed-up':>8} |")
     print(f"|{'-' * 26}|{'-' * 10}|{'-' * 12}|{'-' * 11}|{'-' * 10}|")
     for name, dt, n in rows:
         print(f"| {name:<24} | {dt:8.2f} | {args.episodes / dt:10.2f} | {n / dt:9.0f} | {base / dt:7.2f}x |")
+    _, dt, n = rows[-1]
+    return n / dt, base / dt
 
 
 if __name__ == "__main__":

@@ -1,10 +1,9 @@
 """The rollout engine's own forward pass over the kept KV cache, for Llama-family text models.
 
 :class:`~arborl.rollout.generate.LMSession` feeds a few new columns per row after a cache of
-hundreds. The generic Hugging Face forward pays, at every step, for building a 4-D float mask
-in its own buffers, for one fresh score tensor per operation of the attention (each a page-
-faulted allocation at prefill sizes), and, at prefill, for the last layer's attention, output
-projection and MLP at every column although only the last column's logits are used.
+hundreds. The generic Hugging Face forward builds a 4-D float mask at every step and gives every
+operation of its attention a fresh score tensor; at prefill sizes (64 rows x 4 heads x 54 x 500
+floats, ~28 MB) each such allocation is page-faulted anew and costs more than the arithmetic.
 
 :func:`fast_forward` runs the same modules (embedding, norms, projections, rotary embedding,
 MLP: the model's own code) in the same order, with its own attention over the kept cache:
@@ -12,9 +11,11 @@ MLP: the model's own code) in the same order, with its own attention over the ke
 * the score, mask and softmax steps are those of transformers' eager attention, the same
   operations on the same values, done in place where that gives the same numbers;
 * the attention runs over a few batch rows at a time, so its temporaries stay small and are
-  reused from the allocator instead of being page-faulted anew;
-* the last layer computes its queries, attention and MLP for the last column only (its keys
-  and values are still written for every column).
+  reused from the allocator instead of being page-faulted anew.
+
+Computing the last layer's queries, attention and MLP for the last column only (the others'
+outputs are never read) saved ~20% of a prefill but is not exact: a matrix product's rounding
+depends on its number of rows (the log-probs moved by 1 ulp), so it is not done.
 
 The result is bit-identical to the generic forward (``tests/rollout/test_decoder.py`` and the
 engine's golden fingerprints). Models it does not know (vision models, other attention
@@ -73,33 +74,26 @@ def fast_forward(model: Any, cache: BatchKVCache, ids: torch.Tensor, mask: torch
     hidden = core.embed_tokens(ids)
     cos, sin = core.rotary_emb(hidden, positions)
     bias = _bias(mask, ids.shape[1], hidden.dtype)
-    layers = core.layers[: model.config.num_hidden_layers]
-    for i, layer in enumerate(layers):
-        hidden = _layer(layer, i, hidden, cos, sin, bias, cache, last_only=False)
+    for i, layer in enumerate(core.layers[: model.config.num_hidden_layers]):
+        hidden = _layer(layer, i, hidden, cos, sin, bias, cache)
+    # the last column only after the norm, as transformers' logits_to_keep=1 does: the output
+    # projection over every column would round differently (a GEMM's result depends on its size)
     return model.lm_head(core.norm(hidden)[:, -1:])[:, -1]
 
 
 def _layer(layer: Any, index: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor,
-           cache: BatchKVCache, *, last_only: bool) -> torch.Tensor:
-    """One decoder layer as transformers' Llama/Qwen2 layer computes it (the last column only if ``last_only``)."""
+           cache: BatchKVCache) -> torch.Tensor:
+    """One decoder layer as transformers' Llama/Qwen2 decoder layer computes it, attention over the kept cache."""
     attn = layer.self_attn
-    rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
     b, c, _ = hidden.shape
-    d = attn.head_dim
+    shape = (b, c, -1, attn.head_dim)
     x = layer.input_layernorm(hidden)
-    k = attn.k_proj(x).view(b, c, -1, d).transpose(1, 2)
-    v = attn.v_proj(x).view(b, c, -1, d).transpose(1, 2)
-    if last_only and c > 1:  # only the last column's output is read: its query alone, the keys of every column
-        hidden, x, bias = hidden[:, -1:], x[:, -1:], bias[:, :, -1:]
-        q = attn.q_proj(x).view(b, 1, -1, d).transpose(1, 2)
-        q, _ = rope(q, q, cos[:, -1:], sin[:, -1:])
-        _, k = rope(k, k, cos, sin)
-    else:
-        q = attn.q_proj(x).view(b, c, -1, d).transpose(1, 2)
-        q, k = rope(q, k, cos, sin)
+    q = attn.q_proj(x).view(shape).transpose(1, 2)
+    k = attn.k_proj(x).view(shape).transpose(1, 2)
+    v = attn.v_proj(x).view(shape).transpose(1, 2)
+    q, k = sys.modules[type(attn).__module__].apply_rotary_pos_emb(q, k, cos, sin)
     k, v = cache.update(k, v, index)
-    out = _attend(q, k, v, bias, attn.scaling, attn.num_key_value_groups)
-    hidden = hidden + attn.o_proj(out)
+    hidden = hidden + attn.o_proj(_attend(q, k, v, bias, attn.scaling, attn.num_key_value_groups))
     return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 
 
