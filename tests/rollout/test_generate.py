@@ -42,13 +42,14 @@ def test_model_policy_builds_its_renderer_from_a_tokenizer(model, tokenizer, ren
 
 def test_num_threads_applies_during_generation_only(model, renderer, monkeypatch):
     seen = []
-    real_forward = model.forward
+    # the output projection: every forward pass calls it, the engine's own (decoder.py) and HF's
+    real_forward = model.lm_head.forward
 
     def spy(*args, **kwargs):
         seen.append(torch.get_num_threads())
         return real_forward(*args, **kwargs)
 
-    monkeypatch.setattr(model, "forward", spy)
+    monkeypatch.setattr(model.lm_head, "forward", spy)
     torch.set_num_threads(2)
     session = ModelPolicy(model, renderer, num_threads=1).open_session(
         SamplingConfig(greedy=True, max_new_tokens=2), torch.Generator()
