@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import struct
-
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -18,6 +15,7 @@ from arborl.rollout.generate import LMSession
 from arborl.rollout.kvcache import BatchKVCache, PrefixCache
 
 from .conftest import SYSTEM, WORDS, CountEnv
+from .test_engine_golden import _fingerprint
 
 
 def _qwen2(vocab: int) -> Qwen2ForCausalLM:
@@ -67,15 +65,6 @@ def test_fast_forward_is_bit_identical_to_the_generic_forward(tokenizer, model, 
     generic, fast = _steps(m, False, len(tokenizer)), _steps(m, True, len(tokenizer))
     for a, b in zip(generic, fast, strict=True):
         assert torch.equal(a, b)
-
-
-def _fingerprint(episodes) -> str:
-    h = hashlib.sha256()
-    for ep in episodes:
-        for t in ep.path():
-            h.update(struct.pack(f"{len(t.output_ids)}q", *t.output_ids))
-            h.update(struct.pack(f"{len(t.output_logprobs)}d", *t.output_logprobs))
-    return h.hexdigest()
 
 
 def _trunks_and_branches(model, renderer):
