@@ -72,6 +72,25 @@ def length_chunks(batch: TokenBatch, size: int) -> list[Tensor]:
     return list(order.split(size))
 
 
+def micro_chunks(batch: TokenBatch, rows: Tensor, max_tokens: int) -> list[Tensor]:
+    """``rows`` split into consecutive pieces whose padded size (rows x longest row) is at most ``max_tokens``.
+
+    ``rows`` keep their order (a :func:`length_chunks` chunk is sorted by length, so each piece is as
+    narrow as its rows allow); a row longer than ``max_tokens`` is a piece of its own. ``max_tokens``
+    0: one piece, ``rows`` itself.
+    """
+    if not max_tokens or not len(rows):
+        return [rows]
+    pieces, start, width = [], 0, 0
+    for i, n in enumerate(batch.attention_mask[rows].sum(-1).tolist()):
+        if i > start and (i - start + 1) * max(width, n) > max_tokens:
+            pieces.append(rows[start:i])
+            start, width = i, 0
+        width = max(width, n)
+    pieces.append(rows[start:])
+    return pieces
+
+
 def collate(episodes: Sequence[Episode], *, pad_id: int = 0, images: ImageInputs | None = None) -> TokenBatch:
     """Flatten each episode's main path into padded tensors; steps are numbered globally in order.
 

@@ -251,6 +251,12 @@ class RLConfig:
     """Passes over each iteration's batch."""
     minibatch_size: int = 32
     """Episodes per optimizer step."""
+    micro_batch_tokens: int = 0
+    """Split each minibatch's forward and backward pass into length-sorted pieces of at most this many
+    padded tokens (rows x width; a longer row is a piece alone) and accumulate their gradients into the
+    one optimizer step: the step is the unsplit one up to float rounding, but a piece is only as wide as
+    its own longest row, so short rows stop paying for the padding of long ones. 0: one pass per
+    minibatch. Needs ``loss_agg = "token-mean"``."""
     clip_low: float = 0.2
     """PPO clips the importance ratio from below at ``1 - clip_low``."""
     clip_high: float = 0.2
@@ -432,9 +438,13 @@ class RLConfig:
         if not 0 <= self.gamma <= 1:
             raise ValueError(f"rl.gamma is {self.gamma}; use a discount in [0, 1]")
         for name in ("kl_coef", "entropy_coef", "weight_decay", "warmup_iters", "checkpoint_every", "eval_every",
-                     "update_threads", "max_env_steps", "max_staleness"):
+                     "update_threads", "max_env_steps", "max_staleness", "micro_batch_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"rl.{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.micro_batch_tokens and self.loss_agg != "token-mean":
+            raise ValueError(f"rl.micro_batch_tokens splits a minibatch by tokens, which keeps the step only for a "
+                             f"token-mean loss; set rl.loss_agg = \"token-mean\" or rl.micro_batch_tokens = 0 "
+                             f"(got loss_agg {self.loss_agg!r})")
         self._check_credit()
 
     def _check_credit(self) -> None:

@@ -62,7 +62,7 @@ from arborl.rollout.vllm_policy import vllm_rollout_policy
 from arborl.tools.metrics import episode_metrics, tool_metrics
 from arborl.train.advantages import record_advantages
 from arborl.train.async_rollout import Rollout, RolloutProcess, RolloutWorker
-from arborl.train.batch import TokenBatch, broadcast, collate, failed, length_chunks, step_batch
+from arborl.train.batch import TokenBatch, broadcast, collate, failed, length_chunks, micro_chunks, step_batch
 from arborl.train.common import (
     load_trainer_state,
     rng_state,
@@ -94,30 +94,41 @@ def _update(model, opt, cfg: TrainConfig, batch: TokenBatch, adv: Tensor, ref_lo
     tokens_per_chunk = max(float(batch.loss_mask.sum()) / len(chunks), 1.0)
     for _ in range(rc.ppo_epochs):
         for c in torch.randperm(len(chunks), generator=gen).tolist():
-            mb = chunks[c]
-            sub = batch.select(mb)
-            w = sub.input_ids.shape[1]
-            logp, ent = token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, temperature=temp,
-                                                   positions=sub.loss_mask, entropy_grad=rc.entropy_coef != 0,
-                                                   pixel_values=sub.pixel_values)
-            out = ppo_clip_loss(
-                logp, sub.old_logp, adv[mb, :w], sub.loss_mask,
-                clip_low=rc.clip_low, clip_high=rc.clip_high, clip_c=rc.clip_c, agg=rc.loss_agg,
-                ref_logp=None if ref_logp is None else ref_logp[mb, :w], kl_coef=rc.kl_coef, kl_kind=rc.kl_kind,
-                entropy=ent, entropy_coef=rc.entropy_coef,
-                prox_logp=None if prox_logp is None else prox_logp[mb, :w], behav_cap=rc.behav_cap,
-            )
             opt.zero_grad(set_to_none=True)
-            # Token-mean per minibatch, rescaled so every trained token of the iteration weighs the
-            # same whichever (length-sorted) minibatch it lands in.
-            scale = float(sub.loss_mask.sum()) / tokens_per_chunk if rc.loss_agg == "token-mean" else 1.0
-            (out.loss * scale).backward()
-            out.terms["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), rc.grad_clip))
+            pieces = micro_chunks(batch, chunks[c], rc.micro_batch_tokens)  # rl.micro_batch_tokens: accumulated
+            mb_tokens = max(float(batch.loss_mask[chunks[c]].sum()), 1.0)
+            terms: dict[str, float] = {}
+            for mb in pieces:
+                sub = batch.select(mb)
+                w = sub.input_ids.shape[1]
+                logp, ent = token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, temperature=temp,
+                                                       positions=sub.loss_mask, entropy_grad=rc.entropy_coef != 0,
+                                                       pixel_values=sub.pixel_values)
+                out = ppo_clip_loss(
+                    logp, sub.old_logp, adv[mb, :w], sub.loss_mask,
+                    clip_low=rc.clip_low, clip_high=rc.clip_high, clip_c=rc.clip_c, agg=rc.loss_agg,
+                    ref_logp=None if ref_logp is None else ref_logp[mb, :w], kl_coef=rc.kl_coef, kl_kind=rc.kl_kind,
+                    entropy=ent, entropy_coef=rc.entropy_coef,
+                    prox_logp=None if prox_logp is None else prox_logp[mb, :w], behav_cap=rc.behav_cap,
+                )
+                # Token-mean per minibatch, rescaled so every trained token of the iteration weighs the
+                # same whichever (length-sorted) minibatch or piece of it it lands in.
+                piece_tokens = float(sub.loss_mask.sum())
+                scale = piece_tokens / tokens_per_chunk if rc.loss_agg == "token-mean" else 1.0
+                (out.loss * scale).backward()
+                _accumulate_terms(terms, out.terms, piece_tokens / mb_tokens if len(pieces) > 1 else 1.0)
+            terms["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), rc.grad_clip))
             opt.step()
-            for k, v in out.terms.items():
+            for k, v in terms.items():
                 sums[k] = sums.get(k, 0.0) + v
             n += 1
     return {k: v / max(n, 1) for k, v in sums.items()}
+
+
+def _accumulate_terms(terms: dict[str, float], piece: dict[str, float], share: float) -> None:
+    """Fold one piece's loss terms into its minibatch's: ``*_max`` terms by max, the others weighted by ``share``."""
+    for k, v in piece.items():
+        terms[k] = max(terms.get(k, v), v) if k.endswith("_max") else terms.get(k, 0.0) + share * v
 
 
 @torch.no_grad()

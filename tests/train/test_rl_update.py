@@ -85,3 +85,88 @@ def test_rl_lr_warmup_then_cosine_hand_computed():
     assert lrs[11] < 0.03
     flat = load_config(TrainConfig, None, ["rl.lr=1.0", "rl.warmup_iters=2"]).rl
     assert [rl_lr(flat, it) for it in range(4)] == [0.5, 1.0, 1.0, 1.0]
+
+
+def _lengths_batch(lengths):
+    from arborl.train.batch import TokenBatch
+
+    att = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    for i, n in enumerate(lengths):
+        att[i, :n] = 1
+    zeros = torch.zeros(att.shape)
+    return TokenBatch(att.clone(), att, zeros, zeros, torch.zeros(att.shape, dtype=torch.long))
+
+
+def test_micro_chunks_cap_the_padded_size_of_each_piece_hand_computed():
+    from arborl.train.batch import length_chunks, micro_chunks
+
+    batch = _lengths_batch([5, 1, 9, 3, 7, 2])
+    rows = length_chunks(batch, 6)[0]  # sorted by length: 1 2 3 5 7 9 (rows 1 5 3 0 4 2)
+    # cap 8: [1, 2] is 2 x 2 = 4 (with 3 it would be 3 x 3 = 9); [3] + [5] would be 2 x 5 = 10; 9 > 8 alone
+    assert [p.tolist() for p in micro_chunks(batch, rows, 8)] == [[1, 5], [3], [0], [4], [2]]
+    # cap 12: [1, 2, 3] is 9, [5, 7] is 14 > 12, [7] then [7, 9] is 18 > 12
+    assert [p.tolist() for p in micro_chunks(batch, rows, 12)] == [[1, 5, 3], [0], [4], [2]]
+    assert [p.tolist() for p in micro_chunks(batch, rows, 0)] == [rows.tolist()]  # 0: unsplit
+    assert [p.tolist() for p in micro_chunks(batch, rows, 10_000)] == [rows.tolist()]
+
+
+def _rollout_batch():
+    """A real FrozenLake batch of 16 episodes from a tiny random policy, with +-1 advantages."""
+    env = FrozenLake(size=4)
+    corpus = [env.format_observation(env.reset(seed=s)[0]) for s in range(30)]
+    tok = train_tokenizer(corpus, extra_words=["Left", "Down", "Right", "Up"])
+    model = build_model(ModelConfig(hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=2), tok, seed=0).eval()
+    cfg = load_config(TrainConfig, None, ["rollout.max_turns=4", "rollout.sampling.max_new_tokens=3"])
+    specs = [EpisodeSpec(task_id="t", task_type="frozenlake", group_id=f"g{i // 4}", seed=i // 4) for i in range(16)]
+    eps = run_episodes(ModelPolicy(model, ChatRenderer(tok)), lambda: FrozenLake(size=4), specs, cfg.rollout,
+                       generator=torch.Generator().manual_seed(0))
+    batch = collate(eps)
+    steps = step_batch(eps)
+    adv = broadcast(torch.where(steps.episode % 2 == 0, 1.0, -1.0), batch.step_of_token) * batch.loss_mask
+    return model, batch, adv
+
+
+def test_micro_batches_take_the_same_step_as_the_whole_minibatch():
+    import copy
+
+    from arborl.train.batch import length_chunks, micro_chunks
+
+    torch.manual_seed(0)
+    model, batch, adv = _rollout_batch()
+    ref = copy.deepcopy(model).requires_grad_(False)
+    with torch.no_grad():  # a reference a little off the policy, so the KL term has a gradient too
+        for p in ref.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    from arborl.train.rl import _ref_logprobs
+
+    ref_logp = _ref_logprobs(ref, batch, 8, 1.0)
+    widths = batch.attention_mask.sum(-1)
+    assert widths.min() < widths.max()  # the pieces differ in width: padding is really left out
+    cap = int(widths.max()) * 2
+    assert all(len(micro_chunks(batch, c, cap)) > 1 for c in length_chunks(batch, 8))
+    results = []
+    for extra in ([], [f"rl.micro_batch_tokens={cap}"]):
+        cfg = load_config(TrainConfig, None, ["rl.ppo_epochs=2", "rl.minibatch_size=8", "rl.kl_coef=0.1",
+                                              "rl.entropy_coef=0.01", *extra])
+        m = copy.deepcopy(model)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        terms = _update(m, opt, cfg, batch, adv, ref_logp, torch.Generator().manual_seed(0))
+        results.append((m, terms))
+    (whole, t_whole), (split, t_split) = results
+    for a, b in zip(whole.parameters(), split.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert any((a - b).abs().max() > 0 for a, b in zip(model.parameters(), whole.parameters(), strict=True))
+    assert t_whole.keys() == t_split.keys()
+    for k in ("loss/policy", "loss/kl", "loss/entropy", "diag/clip_frac", "diag/ratio_max", "grad_norm"):
+        assert abs(t_whole[k] - t_split[k]) < 1e-4 * max(1.0, abs(t_whole[k])), k
+
+
+def test_micro_batch_tokens_is_checked():
+    import pytest
+
+    from arborl.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"rl\.micro_batch_tokens must be >= 0"):
+        load_config(TrainConfig, None, ["rl.micro_batch_tokens=-1"])
+    with pytest.raises(ConfigError, match=r'set rl\.loss_agg = "token-mean" or rl\.micro_batch_tokens = 0'):
+        load_config(TrainConfig, None, ["rl.micro_batch_tokens=512", 'rl.loss_agg="seq-mean-token-sum"'])
