@@ -155,3 +155,37 @@ def test_passes_check_env(kwargs):
     env = Sokoban(**kwargs)
     for seed in (0, 1, 1_000_000):
         check_env(env, seed=seed, n_steps=60)
+
+
+def test_a_group_revisits_states_so_gigpo_finds_the_blocked_move_grpo_cannot():
+    """Two rollouts of one room, both solved: GRPO has no signal, GiGPO's anchor groups do.
+
+    A: Right x3. B: Left (into the wall: a no-op), then Right x3. The states acted from are
+    s0 (A0, B0, B1), s1 (A1, B2), s2 (A2, B3): every step sits in a step group of 2 or more.
+    Returns (gamma 0.95): A 0.9025, 0.95, 1; B 0.857375, 0.9025, 0.95, 1. From s1 and s2 both
+    finish alike (A^S = 0); with mean_norm the s0 group's mean is 2.662375 / 3, so B's wasted
+    Left gets -0.030083 and the two Rights from s0 +0.015042.
+    """
+    import torch
+
+    from arborl.credit import StepBatch, gigpo, grpo
+
+    env = Sokoban()
+    keys, episode, reward = [], [], []
+    for e, moves in enumerate((["Right"] * 3, ["Left"] + ["Right"] * 3)):
+        env.reset(options={"room": CORRIDOR})
+        for move in moves:
+            keys.append(env.state_key())
+            episode.append(e)
+            res = env.step(move)
+            reward.append(res.reward)
+        assert res.terminated and res.info["success"]
+    ids = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+    assert [ids[k] for k in keys] == [0, 1, 2, 0, 0, 1, 2]
+    batch = StepBatch(episode=torch.tensor(episode), step=torch.tensor([0, 1, 2, 0, 1, 2, 3]),
+                      reward=torch.tensor(reward), anchor=torch.tensor([ids[k] for k in keys]),
+                      group=torch.tensor([0, 0]), score=torch.tensor([1.0, 1.0]))
+    assert reward == [0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+    assert grpo(batch).tolist() == [0.0] * 7
+    expected = [0.015042, 0.0, 0.0, -0.030083, 0.015042, 0.0, 0.0]
+    assert gigpo(batch, gamma=0.95, norm_by_std=False).tolist() == pytest.approx(expected, abs=1e-6)
