@@ -256,7 +256,9 @@ class RLConfig:
     padded tokens (rows x width; a longer row is a piece alone) and accumulate their gradients into the
     one optimizer step: the step is the unsplit one up to float rounding, but a piece is only as wide as
     its own longest row, so short rows stop paying for the padding of long ones. 0: one pass per
-    minibatch. Needs ``loss_agg = "token-mean"``."""
+    minibatch. Applies with ``loss_agg = "token-mean"`` only (the other aggregations normalise by rows
+    or by the padded width, which a split would change): with any other ``loss_agg`` each minibatch is
+    one pass, as with 0."""
     clip_low: float = 0.2
     """PPO clips the importance ratio from below at ``1 - clip_low``."""
     clip_high: float = 0.2
@@ -441,10 +443,6 @@ class RLConfig:
                      "update_threads", "max_env_steps", "max_staleness", "micro_batch_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"rl.{name} must be >= 0, got {getattr(self, name)!r}")
-        if self.micro_batch_tokens and self.loss_agg != "token-mean":
-            raise ValueError(f"rl.micro_batch_tokens splits a minibatch by tokens, which keeps the step only for a "
-                             f"token-mean loss; set rl.loss_agg = \"token-mean\" or rl.micro_batch_tokens = 0 "
-                             f"(got loss_agg {self.loss_agg!r})")
         self._check_credit()
 
     def _check_credit(self) -> None:

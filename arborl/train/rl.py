@@ -95,7 +95,8 @@ def _update(model, opt, cfg: TrainConfig, batch: TokenBatch, adv: Tensor, ref_lo
     for _ in range(rc.ppo_epochs):
         for c in torch.randperm(len(chunks), generator=gen).tolist():
             opt.zero_grad(set_to_none=True)
-            pieces = micro_chunks(batch, chunks[c], rc.micro_batch_tokens)  # rl.micro_batch_tokens: accumulated
+            # rl.micro_batch_tokens: pieces with accumulated gradients (token-mean only: the step stays the same)
+            pieces = micro_chunks(batch, chunks[c], rc.micro_batch_tokens if rc.loss_agg == "token-mean" else 0)
             mb_tokens = max(float(batch.loss_mask[chunks[c]].sum()), 1.0)
             terms: dict[str, float] = {}
             for mb in pieces:

@@ -11,11 +11,12 @@ from arborl.train.common import METRICS
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    # rl.max_staleness = 1: the asynchronous rollouts' metrics (staleness, behaviour weights) are logged too
+    # rl.max_staleness = 1: the asynchronous rollouts' metrics (staleness, behaviour weights) are logged too;
+    # rl.kl_coef > 0 (the example has none): the KL term's metric too
     run = tmp_path_factory.mktemp("outputs") / "run"
     env = cli_env(ARBORL_PROGRESS="1", WANDB_MODE="offline", WANDB_PROJECT="arborl-test")
     p = arborl("train", "examples/frozenlake.toml", *sets(run, ['report_to=["tensorboard","wandb","mlflow"]',
-                                                               "rl.max_staleness=1"]), env=env)
+                                                               "rl.max_staleness=1", "rl.kl_coef=0.05"]), env=env)
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     return run, rows, p.stdout
 

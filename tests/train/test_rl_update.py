@@ -168,5 +168,24 @@ def test_micro_batch_tokens_is_checked():
 
     with pytest.raises(ConfigError, match=r"rl\.micro_batch_tokens must be >= 0"):
         load_config(TrainConfig, None, ["rl.micro_batch_tokens=-1"])
-    with pytest.raises(ConfigError, match=r'set rl\.loss_agg = "token-mean" or rl\.micro_batch_tokens = 0'):
-        load_config(TrainConfig, None, ["rl.micro_batch_tokens=512", 'rl.loss_agg="seq-mean-token-sum"'])
+
+
+
+def test_micro_batches_leave_other_loss_aggregations_as_one_pass():
+    # seq-mean aggregations normalise by rows or by the padded width, which a split would change:
+    # there the option is inert, and the update is exactly the unsplit one
+    import copy
+
+    torch.manual_seed(0)
+    model, batch, adv = _rollout_batch()
+    results = []
+    for extra in ([], ["rl.micro_batch_tokens=16"]):
+        cfg = load_config(TrainConfig, None, ["rl.minibatch_size=8", "rl.kl_coef=0", 'rl.loss_agg="seq-mean-token-sum-norm"',
+                                              *extra])
+        m = copy.deepcopy(model)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        results.append((m, _update(m, opt, cfg, batch, adv, None, torch.Generator().manual_seed(0))))
+    (whole, t_whole), (split, t_split) = results
+    assert all(torch.equal(a, b) for a, b in zip(whole.parameters(), split.parameters(), strict=True))
+    assert t_whole == t_split
+    assert any((a - b).abs().max() > 0 for a, b in zip(model.parameters(), whole.parameters(), strict=True))
