@@ -91,9 +91,12 @@ def _layer(layer: Any, index: int, hidden: torch.Tensor, cos: torch.Tensor, sin:
     q = attn.q_proj(x).view(shape).transpose(1, 2)
     k = attn.k_proj(x).view(shape).transpose(1, 2)
     v = attn.v_proj(x).view(shape).transpose(1, 2)
-    q, k = sys.modules[type(attn).__module__].apply_rotary_pos_emb(q, k, cos, sin)
+    family = sys.modules[type(attn).__module__]  # transformers' modeling_llama / modeling_qwen2
+    q, k = family.apply_rotary_pos_emb(q, k, cos, sin)
     k, v = cache.update(k, v, index)
-    hidden = hidden + attn.o_proj(_attend(q, k, v, bias, attn.scaling, attn.num_key_value_groups))
+    groups = attn.num_key_value_groups
+    k, v = family.repeat_kv(k, groups), family.repeat_kv(v, groups)
+    hidden = hidden + attn.o_proj(_attend(q, k, v, bias, attn.scaling))
     return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 
 
@@ -109,16 +112,13 @@ def _bias(mask: torch.Tensor, c: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None]
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scaling: float,
-            groups: int) -> torch.Tensor:
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scaling: float) -> torch.Tensor:
     """Eager attention (scores, scale, additive mask, float32 softmax, weighted values), a few rows at a time.
 
-    ``q`` is ``(B, H, C, D)``, ``k``/``v`` ``(B, H_kv, L, D)``; returns ``(B, C, H * D)``.
+    ``q`` is ``(B, H, C, D)``, ``k``/``v`` ``(B, H, L, D)`` (key/value heads already repeated to ``H``);
+    returns ``(B, C, H * D)``.
     """
     b, h, c, d = q.shape
-    if groups > 1:
-        k = k[:, :, None].expand(b, k.shape[1], groups, *k.shape[2:]).reshape(b, h, *k.shape[2:])
-        v = v[:, :, None].expand(b, v.shape[1], groups, *v.shape[2:]).reshape(b, h, *v.shape[2:])
     step = max(1, SCORE_BYTES // max(1, h * c * k.shape[2] * q.element_size()))
     out = q.new_empty(b, c, h, d)
     for r in range(0, b, step):
