@@ -22,12 +22,12 @@ solution is the fix. The JSONL format (also for users' own problems) is in :mod:
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from arborl.env.split import held_out
 from arborl.tools.python_tool import TestCase
 
 LETTERS = "abcde"
@@ -122,13 +122,9 @@ FAMILIES: tuple[Family, ...] = (
 """The generated problem families (list, string and arithmetic transformations)."""
 
 
-def _unit(text: str) -> float:
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
-
-
 def is_held_out(key: str, test_frac: float) -> bool:
     """Whether a problem key (``family:param``) belongs to the held-out split (stable across runs)."""
-    return _unit(f"code-split-{key}") < test_frac
+    return held_out(f"code-split-{key}", test_frac)
 
 
 def _input(arg: str, rng: random.Random) -> Any:

@@ -26,13 +26,13 @@ still appear as a bridge in a train question).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from arborl.config import ConfigError
+from arborl.env import split
 from arborl.search.formats import Passage, Question, write_jsonl
 
 _ONSETS = ["b", "br", "d", "dr", "f", "g", "gr", "h", "k", "kr", "l", "m", "n", "p", "r", "s", "st", "t",
@@ -286,8 +286,7 @@ def _kinds(w: World) -> dict[str, tuple[str, Callable[[int], tuple[str, list[_Ho
 
 def held_out(subject_pid: str, test_frac: float) -> bool:
     """Whether questions about ``subject_pid`` are held out (a stable hash, independent of the seed)."""
-    h = int.from_bytes(hashlib.sha256(subject_pid.encode()).digest()[:8], "big")
-    return h / 2**64 < test_frac
+    return split.held_out(subject_pid, test_frac)
 
 
 def make_questions(world: World, cfg: CorpusConfig) -> list[Question]:

@@ -32,6 +32,9 @@ It composes, as every tool task does, a task source, a tool table and a reward:
   from a search result), ``em_new_answer`` (exact match of the questions whose gold answer no
   training question has: a policy that recalls frequent answers instead of copying gets 0).
 * **Expert** (for ``synth``): the generator's oracle queries (:func:`arborl.search.oracle.oracle_actions`).
+  With ``oracle_error = p`` it is an imperfect teacher: on a share ``p`` of the 2-hop questions
+  (a stable hash of the question id) it answers with the bridge entity after the first search
+  instead of searching again with it.
 
 ``spaced = true`` writes every punctuation mark as a word of its own in everything the model
 reads (for arborl's word-level scratch tokenizer) and exposes ``vocabulary``, every word of the
@@ -47,6 +50,7 @@ import sys
 from pathlib import Path
 
 from arborl.config import ConfigError
+from arborl.env import split
 from arborl.env.tool_env import Task, ToolEnv
 from arborl.search.client import SearchClient
 from arborl.search.corpus import CorpusConfig, generate, held_out
@@ -116,8 +120,10 @@ class _SearchTask:
     """Seed -> Task over the train and held-out questions; reward, metrics and oracle of the task."""
 
     def __init__(self, train: tuple[Question, ...], test: tuple[Question, ...], test_seed_start: int,
-                 format_reward: float, text, titles: dict[str, str], grounded_reward: float = 0.0) -> None:
+                 format_reward: float, text, titles: dict[str, str], grounded_reward: float = 0.0,
+                 oracle_error: float = 0.0) -> None:
         self.train, self.test, self.test_seed_start = train, test, test_seed_start
+        self.oracle_error = oracle_error
         self.format_reward, self.text, self.titles = format_reward, text, titles
         self.grounded_reward = grounded_reward
         self.train_answers = frozenset(normalize_answer(a) for q in train for a in q.golden_answers)
@@ -164,9 +170,14 @@ class _SearchTask:
             out["answer_from_results"] = float(any(_padded(answer) in r for r in results))
         return out
 
+    def slips(self, q: Question) -> bool:
+        """Whether the imperfect teacher answers ``q`` too early (a stable share ``oracle_error`` of 2-hop questions)."""
+        return q.hops >= 2 and split.stable_unit(f"oracle-{q.id}") < self.oracle_error
+
     def expert(self, env: ToolEnv) -> str:
         assert env.task is not None
-        actions = oracle_actions(env.task.metadata["question"], think=False)
+        q: Question = env.task.metadata["question"]
+        actions = oracle_actions(q, think=False, stop_early=self.slips(q))
         action = actions[min(env.steps, len(actions) - 1)]
         if env.call_format.name == "hermes" and action.startswith("<search>"):  # the same call as a JSON tool call
             query = action.removeprefix("<search>").removesuffix("</search>")
@@ -191,6 +202,7 @@ def search_r1_env(
     max_steps: int = 4,
     format_reward: float = 0.0,
     grounded_reward: float = 0.0,
+    oracle_error: float = 0.0,
     tool_format: str = "search_r1",
     spaced_text: bool = False,
     test_seed_start: int = 1_000_000_000,
@@ -219,6 +231,10 @@ def search_r1_env(
         format_reward: Reward of a well-formed wrong answer (exact match scores 1).
         grounded_reward: Reward of a wrong answer that occurs, as whole words, in a search result
             of the episode (copied from a passage, the wrong one); the larger of the two applies.
+        oracle_error: The expert (``synth``) as an imperfect teacher: on this share of the 2-hop
+            questions (a stable hash of the question id) it answers with the bridge found by the
+            first search instead of searching again, a wrong answer. The policy that imitates it
+            stops early on 2-hop questions; RL has the second search to discover.
         tool_format: ``search_r1`` (tags) or ``hermes`` (JSON tool calls).
         spaced_text: Punctuation as separate words in every text the model reads (scratch tokenizers).
         test_seed_start: Seeds from here on play held-out questions (= ``env.eval_seed_start``).
@@ -229,18 +245,21 @@ def search_r1_env(
         raise ConfigError(f"env.kwargs.tool_format = {tool_format!r}; choose one of {sorted(FORMATS)}")
     if not 0 <= format_reward < 1:
         raise ConfigError(f"env.kwargs.format_reward = {format_reward}; use a number in [0, 1) (exact match scores 1)")
+    if not 0 <= oracle_error <= 1:
+        raise ConfigError(f"env.kwargs.oracle_error = {oracle_error}; give a share in [0, 1] of the 2-hop questions")
     if not 0 <= grounded_reward < 1:
         raise ConfigError(f"env.kwargs.grounded_reward = {grounded_reward}; use a number in [0, 1) (exact match scores 1)")
     passages, train, test = load_dataset(corpus, qa, corpus_seed, test_frac, n_questions, filler)
     endpoint = url or retriever_url(corpus, qa, corpus_seed, test_frac, method, filler)
     text = spaced if spaced_text else _same
     source = _SearchTask(train, test, test_seed_start, format_reward, text, {p.id: p.title for p in passages},
-                         grounded_reward)
+                         grounded_reward, oracle_error)
     tool = SearchTool(SearchClient(endpoint, topk=topk, timeout=timeout_s, retries=retries), topk=topk,
                       transform=spaced if spaced_text else None)
     env = ToolEnv(source, [tool], source.reward, call_format=FORMATS[tool_format](), max_steps=max_steps,
                   call_timeout_s=call_timeout_s, system_prompt=system_prompt, task_type="search_r1",
-                  expert=source.expert, metrics=source.metrics, format_instructions=instructions or None)
+                  expert=source.expert, metrics=source.metrics, format_instructions=instructions or None,
+                  deterministic=oracle_error == 0)  # an imperfect expert is not checked for success
     source.env = env
     if spaced_text:
         env.vocabulary = _vocabulary(corpus, qa, corpus_seed, test_frac, n_questions, filler)  # type: ignore[attr-defined]

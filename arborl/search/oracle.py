@@ -40,12 +40,15 @@ def information(passages_text: str) -> str:
     return f"<information>{passages_text.strip()}</information>"
 
 
-def oracle_actions(question: Question, *, think: bool = True) -> list[str]:
+def oracle_actions(question: Question, *, think: bool = True, stop_early: bool = False) -> list[str]:
     """What the oracle writes for ``question``: one ``<search>`` per hop, then ``<answer>``.
 
     Args:
         question: A question with ``oracle_queries`` (and ``bridge_answers`` for 2-hop ones).
         think: Open each action with a short ``<think>`` that names what was found (the bridge).
+        stop_early: The imperfect teacher's slip on a multi-hop question: it answers with the first
+            bridge right after the first search (a wrong answer) instead of searching again.
+            No effect on a 1-hop question.
 
     Raises:
         SchemaError: When the question has no oracle queries, or the bridges do not match them.
@@ -58,6 +61,8 @@ def oracle_actions(question: Question, *, think: bool = True) -> list[str]:
         raise SchemaError(f"question {question.id!r}: {len(queries)} oracle queries need {len(queries) - 1} "
                           f"'bridge_answers', got {len(bridges)}")
     answer = question.golden_answers[0]
+    if stop_early and bridges:
+        queries, answer = queries[:1], bridges[0]
     actions = []
     for hop, query in enumerate(queries):
         if hop == 0:

@@ -8,7 +8,7 @@ import pytest
 
 from arborl.search.client import SearchClient
 from arborl.search.formats import Question
-from arborl.search.oracle import oracle_turns, transcript
+from arborl.search.oracle import oracle_actions, oracle_turns, transcript
 from arborl.search.reward import exact_match, extract_answer
 from arborl.search.server import RetrieverServer
 from arborl.trajectory.schema import SchemaError
@@ -55,3 +55,13 @@ def test_questions_without_oracle_queries_are_refused():
         oracle_turns(Question(id="u1", question="?", golden_answers=("x",)), lambda query: "")
     with pytest.raises(SchemaError, match="need 1 'bridge_answers'"):
         oracle_turns(Question(id="u2", question="?", golden_answers=("x",), oracle_queries=("a", "b")), lambda q: "")
+
+
+def test_stop_early_answers_the_bridge_after_one_search_and_leaves_1_hop_questions_alone(world):
+    two = next(q for q in world[1] if q.hops == 2)
+    one = next(q for q in world[1] if q.hops == 1)
+    assert oracle_actions(two, think=False, stop_early=True) == [
+        f"<search>{two.oracle_queries[0]}</search>", f"<answer>{two.bridge_answers[0]}</answer>"]
+    assert oracle_actions(one, think=False, stop_early=True) == oracle_actions(one, think=False)
+    assert oracle_actions(two, stop_early=True)[-1] == (
+        f"<think>The search shows the answer is {two.bridge_answers[0]}.</think>\n<answer>{two.bridge_answers[0]}</answer>")

@@ -302,3 +302,27 @@ def test_em_new_answer_is_reported_only_where_no_training_question_has_the_gold(
     assert "em_new_answer" not in env.step("<answer>Veisia</answer>").info["metrics"]  # right, but recallable
     env.reset(seed=0)  # a training question: its answer is a training answer by definition
     assert "em_new_answer" not in env.step(f"<answer>{train[0].golden_answers[0]}</answer>").info["metrics"]
+
+
+def test_oracle_error_makes_the_teacher_answer_a_stable_share_of_2_hop_questions_with_the_bridge(data, env_kw):
+    _, train, _ = data
+    env = search_r1_env(**env_kw, oracle_error=0.5)
+    two = [i for i, q in enumerate(train[:400]) if q.hops == 2]
+    one = [i for i, q in enumerate(train[:400]) if q.hops == 1]
+    slipped = []
+    for i in two:
+        steps = _play(env, i)
+        q = train[i]
+        if len(steps) == 2:  # searched once, answered the bridge: wrong, and a well-formed answer
+            assert steps[0][0] == f"<search>{q.oracle_queries[0]}</search>"
+            assert steps[1][0] == f"<answer>{q.bridge_answers[0]}</answer>" and steps[1][1].reward == 0.0
+            slipped.append(i)
+        else:
+            assert len(steps) == 3 and steps[-1][1].reward == 1.0
+    assert 0.4 < len(slipped) / len(two) < 0.6  # the share asked for, of the 2-hop questions
+    assert all(_play(env, i)[-1][1].reward == 1.0 for i in one[:40])  # 1-hop questions: no slip
+    again = search_r1_env(**env_kw, oracle_error=0.5)  # the same questions slip in a new env (a stable hash)
+    assert [i for i in two if len(_play(again, i)) == 2] == slipped
+    assert all(len(_play(search_r1_env(**env_kw, oracle_error=1.0), i)) == 2 for i in two[:20])
+    with pytest.raises(ConfigError, match="oracle_error = 1.5"):
+        search_r1_env(**env_kw, oracle_error=1.5)
