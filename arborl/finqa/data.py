@@ -234,6 +234,54 @@ def render_document(ex: Example) -> str:
     return "\n".join(lines)
 
 
+def render_index(ex: Example) -> str:
+    """The prompt without the statement (``env.kwargs.statement = false``): what the ``lookup`` tool can fetch.
+
+    The pre-text (the company line), the table's items and its years, the post-text; no value::
+
+        Vornex Holdings , in millions of dollars :
+        items : revenue , costs , expenses , income , assets , liabilities
+        years : 2019 , 2020 , 2021
+    """
+    header, *rows = ex.table
+    return "\n".join([*ex.pre_text, "items : " + " , ".join(r[0] for r in rows),
+                      "years : " + " , ".join(header[1:]), *ex.post_text])
+
+
+def expression_cells(expression: str, table: list[list[str]], question: str = "") -> list[tuple[str, str]]:
+    """The table cells ``(item, year)`` an expression reads, in the order it first reads them.
+
+    A number of the expression is a cell when some cell holds it, unless it is a constant: the
+    digits argument of ``round( ... , n )`` (a number after a comma) or the ``100`` of ``* 100``.
+    When several cells hold the number, the first (in row order) whose item and year both are
+    words of ``question`` and that is not listed yet is taken; a number that only such listed
+    cells hold is a repeat. Without such a cell, the first cell holding it, once.
+
+    >>> t = [["item", "2019", "2020"], ["revenue", "500", "600"], ["costs", "100", "250"]]
+    >>> expression_cells("round( ( 600 - 500 ) / 500 * 100 , 1 )", t)
+    [('revenue', '2020'), ('revenue', '2019')]
+    >>> expression_cells("round( 100 / 600 * 100 , 1 )", t)
+    [('costs', '2019'), ('revenue', '2020')]
+    """
+    header, *rows = table
+    holders: dict[str, list[tuple[str, str]]] = {}
+    for row in rows:
+        for year, value in zip(header[1:], row[1:], strict=False):
+            holders.setdefault(value.strip(), []).append((row[0], year))
+    asked = set(question.replace("?", " ").split())
+    words = expression.replace("(", " ( ").replace(")", " ) ").replace(",", " , ").split()
+    out: list[tuple[str, str]] = []
+    for k, w in enumerate(words):
+        before = words[k - 1] if k else ""
+        if before == "," or (before == "*" and w == "100") or w not in holders:
+            continue
+        named = [c for c in holders[w] if c[0] in asked and c[1] in asked]
+        fresh = [c for c in named or holders[w][:1] if c not in out]
+        if fresh:
+            out.append(fresh[0])
+    return out
+
+
 @functools.lru_cache(maxsize=1)
 def number_words() -> tuple[str, ...]:
     """Every number a generated table or calculator result can hold, as the calculator prints it (4,142 words)."""

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+from arborl.config import load_config
+from arborl.train.common import env_factory
+from arborl.train.config import TrainConfig
 from tests.e2e.clikit import arborl, cli_env
 
 TINY = [
@@ -44,5 +47,19 @@ def test_finqa_recipe_end_to_end(tmp_path):
         demos = list(store.iter_episodes(source="synth"))
     assert len(evals) == 6 and all(e.seed >= 1_000_000_000 for e in evals)
     assert 0 < sum(e.success for e in demos) < len(demos)  # right and wrong demonstrations
-    first = demos[0].path()[0]
-    assert first.tool_call is not None and first.tool_call.name == "calculator"
+    # the example's protocol: the cells are looked up (the statement is not in the prompt), then the calculator
+    names = [t.tool_call.name if t.tool_call is not None else None for t in demos[0].path()]
+    assert names[0] == "lookup" and names[-2:] == ["calculator", None], names
+    assert "lookups_complete" in summary["rl"] and "lookup_calls_per_question" in summary["rl"]  # lookups_right: once one is made
+
+
+def test_the_statement_layout_stays_reachable_from_the_example():
+    """``--set env.kwargs.lookup=false --set env.kwargs.statement=true``: the statement in the prompt, no lookup tool."""
+    cfg = load_config(TrainConfig, "examples/finqa.toml", ["env.kwargs.lookup=false", "env.kwargs.statement=true"])
+    env = env_factory(cfg.env)()
+    obs, _ = env.reset(seed=0)
+    assert "lookup" not in env.table and "items :" not in obs[1]["content"]
+    assert sorted(env.table) == ["calculator", "python"] and env.expert_action().count('"calculator"') == 1
+    example = env_factory(load_config(TrainConfig, "examples/finqa.toml").env)()
+    obs, _ = example.reset(seed=0)
+    assert "lookup" in example.table and "items :" in obs[1]["content"]

@@ -176,13 +176,13 @@ def test_step_metrics_read_the_spaced_form():
     a, b = ex.expression.split(" - ")
     right = spaced_digits(str(int(a) - int(b)))
     assert play(calculator_call(spaced_digits(ex.expression)), f"<answer> {right} </answer>") == {
-        "operands_right": 1.0, "result_right": 1.0, "answer_is_result": 1.0}
+        "operands_right": 1.0, "result_right": 1.0, "answer_is_result": 1.0, "right_diff": 1.0}
     # one digit of a cell left out: a different number, not the cell
     assert play(calculator_call(f"{' '.join(a[:-1])} - {' '.join(b)}"), f"<answer> {right} </answer>") == {
-        "operands_right": 0.0, "result_right": 0.0, "answer_is_result": 0.0}
+        "operands_right": 0.0, "result_right": 0.0, "answer_is_result": 0.0, "right_diff": 1.0}
     # two cells written with no operator between read as one number, which is no cell
     assert play(calculator_call(f"{' '.join(a)} {' '.join(b)}"), f"<answer> {right} </answer>") == {
-        "operands_right": 0.0, "result_right": 0.0, "answer_is_result": 0.0}
+        "operands_right": 0.0, "result_right": 0.0, "answer_is_result": 0.0, "right_diff": 1.0}
     assert env.calls[0][2] == " ".join(a + b)
 
 

@@ -112,7 +112,7 @@ def test_episode_metrics_count_parse_failures_and_calls():
     m = episode_metrics(eps)
     # seed 0: two calculator calls, then an invalid turn, no answer; seeds 1-3 one call each
     assert m == {"parse_failures": 2.0, "unanswered": 1.0, "tool_calls_per_question": 5 / 4,
-                 "calculator_calls_per_question": 5 / 4}
+                 "calculator_calls_per_question": 5 / 4, "lookup_calls_per_question": 0.0}
 
 
 def diff_player(env):
@@ -130,17 +130,18 @@ def diff_player(env):
 
 def test_step_metrics_tell_wrong_cells_wrong_arithmetic_and_an_answer_that_is_not_the_result():
     ex, play = diff_player(finqa_env(sandbox="none"))  # e.g. "961 - 986"; the flawed one is "986 - 961"
+    # right_diff: the answer's reward under its kind's name (the per-kind accuracy), whatever the calls
     a, b = ex.expression.split(" - ")
     right = str(int(a) - int(b))
     assert play(calculator_call(ex.expression), f"<answer> {right} </answer>") == {
-        "operands_right": 1.0, "result_right": 1.0, "answer_is_result": 1.0}
+        "operands_right": 1.0, "result_right": 1.0, "answer_is_result": 1.0, "right_diff": 1.0}
     # the right cells the wrong way round: the cells are right, the arithmetic is not; the answer copies the result
     assert play(calculator_call(ex.flawed_expression), f"<answer> {int(b) - int(a)} </answer>") == {
-        "operands_right": 1.0, "result_right": 0.0, "answer_is_result": 1.0}
+        "operands_right": 1.0, "result_right": 0.0, "answer_is_result": 1.0, "right_diff": 0.0}
     # a cell that is not in the gold; then an answer that is not what the calculator said
     assert play(calculator_call(f"{a} - 1000"), f"<answer> {right} </answer>") == {
-        "operands_right": 0.0, "result_right": 0.0, "answer_is_result": 0.0}
+        "operands_right": 0.0, "result_right": 0.0, "answer_is_result": 0.0, "right_diff": 1.0}
     # a right second call counts for result_right, only the first call for operands_right
     assert play(calculator_call("2 + 2"), calculator_call(ex.expression), f"<answer> {right} </answer>") == {
-        "operands_right": 0.0, "result_right": 1.0, "answer_is_result": 1.0}
-    assert play(f"<answer> {right} </answer>") == {"operands_right": 0.0, "result_right": 0.0}  # no call
+        "operands_right": 0.0, "result_right": 1.0, "answer_is_result": 1.0, "right_diff": 1.0}
+    assert play(f"<answer> {right} </answer>") == {"operands_right": 0.0, "result_right": 0.0, "right_diff": 1.0}  # no call
