@@ -43,13 +43,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import hashlib
 import json
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from arborl.env.split import held_out
 from arborl.trajectory.schema import SchemaError
 
 ITEMS = ("revenue", "costs", "expenses", "income", "assets", "liabilities")
@@ -97,8 +97,7 @@ def company_name(rng: random.Random) -> str:
 
 def is_held_out(company: str, test_frac: float) -> bool:
     """Whether ``company`` belongs to the held-out split (a hash of the name, stable across runs)."""
-    h = int.from_bytes(hashlib.sha256(company.encode()).digest()[:8], "big") / 2**64
-    return h < test_frac
+    return held_out(company, test_frac)
 
 
 def _statement(rng: random.Random, n_years: int) -> dict[str, list[int]]:

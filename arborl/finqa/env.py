@@ -41,13 +41,13 @@ a from-scratch word-level tokenizer; the digits and ``|`` with ``spaced_digits``
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from arborl.config import ConfigError
+from arborl.env.split import stable_unit
 from arborl.env.tool_env import Task, ToolEnv
 from arborl.finqa.data import (
     YEARS,
@@ -182,10 +182,6 @@ def _file(path: str) -> tuple[Example, ...]:
     return tuple(read_jsonl(path))
 
 
-def _hash01(text: str) -> float:
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
-
-
 def task_of(ex: Example, spaced: bool = False, whole_labels: bool = False, statement: bool = True) -> Task:
     """The :class:`Task` of an example: the statement (or its index) and the question as the user message.
 
@@ -318,7 +314,7 @@ def oracle(env: ToolEnv, *, oracle_error: float = 0.0, lookup: bool = False) -> 
     """
     task = env.task
     assert task is not None
-    flawed = _hash01(f"oracle-{task.id}") < oracle_error and task.metadata["flawed_expression"]
+    flawed = stable_unit(f"oracle-{task.id}") < oracle_error and task.metadata["flawed_expression"]
     expression = task.metadata["flawed_expression"] if flawed else task.metadata["expression"]
     if not expression:
         raise ConfigError(f"example {task.id!r} has no 'expression'; the oracle needs one for synth")
