@@ -142,21 +142,23 @@ def _layer(layer: Any, index: int, hidden: torch.Tensor, cos: torch.Tensor, sin:
 
 
 _STACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-"""Per module, the key of its weights (storage and version of each) and their stacked copy."""
+"""Per module: aliases of the weights a stacked copy was made from, their versions, and the copy."""
 
 
 def _stacked(module: Any, linears: tuple[Any, ...]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """The weights (and biases) of ``linears`` stacked by output rows, or ``None`` if they are not plain ``Linear``.
 
     Kept per module and rebuilt when a weight is replaced or updated in place (its version moves),
-    as an optimiser step or a weight load does.
+    as an optimiser step or a weight load does. The kept aliases hold the old storage, so a new
+    weight cannot land at its address and pass for it.
     """
     if any(type(m) is not torch.nn.Linear for m in linears):
         return None
     tensors = [t for m in linears for t in (m.weight, m.bias) if t is not None]
-    key = tuple((t.data_ptr(), t._version) for t in tensors)
     hit = _STACKED.get(module)
-    if hit is None or hit[0] != key:
+    if hit is None or len(hit[0]) != len(tensors) or any(
+        a.data_ptr() != t.data_ptr() or v != t._version for a, v, t in zip(hit[0], hit[1], tensors, strict=True)
+    ):
         weight = torch.cat([m.weight for m in linears])
         biases = [m.bias for m in linears]
         if any(b is not None for b in biases):
@@ -164,8 +166,8 @@ def _stacked(module: Any, linears: tuple[Any, ...]) -> tuple[torch.Tensor, torch
             stacked_bias = torch.cat(biases)
         else:
             stacked_bias = None
-        hit = _STACKED[module] = (key, weight, stacked_bias)
-    return hit[1], hit[2]
+        hit = _STACKED[module] = ([t.detach() for t in tensors], [t._version for t in tensors], weight, stacked_bias)
+    return hit[2], hit[3]
 
 
 def _qkv(attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

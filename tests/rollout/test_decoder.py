@@ -93,6 +93,11 @@ def test_stacked_projections_follow_weight_updates(tokenizer, model):
     moved = _steps(model, False, len(tokenizer))
     assert not torch.equal(generic[0], moved[0])
     assert all(torch.equal(a, c) for a, c in zip(moved, _steps(model, True, len(tokenizer)), strict=True))
+    for layer in model.model.layers:  # replaced, not updated: a new tensor of version 0
+        layer.self_attn.v_proj.weight = torch.nn.Parameter(layer.self_attn.v_proj.weight.detach() * 2)
+    replaced = _steps(model, False, len(tokenizer))
+    assert not torch.equal(moved[0], replaced[0])
+    assert all(torch.equal(a, c) for a, c in zip(replaced, _steps(model, True, len(tokenizer)), strict=True))
 
 
 def _trunks_and_branches(model, renderer):
