@@ -19,12 +19,13 @@ Two more steps save work without changing a number:
   (an output column depends only on its own weight row); the gate and up projections of the
   MLP stacked the same way moved the bench's log-probs, so the MLP is the model's own;
 * the last layer computes its keys and values for every column (the cache keeps them) but its
-  attention, output projection and MLP only for the last columns (:func:`_tail`): about a
-  third of a prefill's arithmetic for the bench's two-layer policy, less with more layers. A matrix product's rows do not depend on the other rows once it has
-  enough of them (MKL's products with a few rows take another kernel: below ~16 rows for the
-  projections, 3 queries for the attention, on the AVX-512 machine with MKL 2024.2 it was measured on), so the
-  subset keeps at least :data:`TAIL_ROWS` rows and :data:`TAIL_QUERIES` queries per row; the
-  last column alone (one query, B rows) moved the log-probs by 1 ulp.
+  attention, output projection and MLP only for the last columns (:func:`_tail`): about a third
+  of a prefill's arithmetic for the bench's two-layer policy, less with more layers. A matrix
+  product's rows do not depend on the other rows once it has enough of them: MKL's products
+  with a few rows take another kernel (measured with MKL 2024.2 on AVX-512: a projection's rows
+  differ with up to 2-15 rows, more for a longer reduction; the attention's with 1-2 queries per
+  row), so the subset keeps at least :data:`TAIL_ROWS` rows and :data:`TAIL_QUERIES` queries
+  per row. The last column alone (one query per row) moved the log-probs by 1 ulp.
 
 The result is bit-identical to the generic forward (``tests/rollout/test_decoder.py`` and the
 engine's golden fingerprints). Models it does not know (vision models, other attention
