@@ -13,9 +13,19 @@ MLP: the model's own code) in the same order, with its own attention over the ke
 * the attention runs over a few batch rows at a time, so its temporaries stay small and are
   reused from the allocator instead of being page-faulted anew.
 
-Computing the last layer's queries, attention and MLP for the last column only (the others'
-outputs are never read) saved ~20% of a prefill but is not exact: a matrix product's rounding
-depends on its number of rows (the log-probs moved by 1 ulp), so it is not done.
+Two more steps save work without changing a number:
+
+* the query, key and value projections are one matrix product over their stacked weights
+  (an output column depends only on its own weight row); the gate and up projections of the
+  MLP stacked the same way moved the bench's log-probs, so the MLP is the model's own;
+* the last layer computes its keys and values for every column (the cache keeps them) but its
+  attention, output projection and MLP only for the last columns (:func:`_tail`): about a third
+  of a prefill's arithmetic for the bench's two-layer policy, less with more layers. A matrix
+  product's rows do not depend on the other rows once it has enough of them: MKL's products
+  with a few rows take another kernel (measured with MKL 2024.2 on AVX-512: a projection's rows
+  differ with up to 2-15 rows, more for a longer reduction; the attention's with 1-2 queries per
+  row), so the subset keeps at least :data:`TAIL_ROWS` rows and :data:`TAIL_QUERIES` queries
+  per row. The last column alone (one query per row) moved the log-probs by 1 ulp.
 
 The result is bit-identical to the generic forward (``tests/rollout/test_decoder.py`` and the
 engine's golden fingerprints). Models it does not know (vision models, other attention
@@ -25,6 +35,7 @@ implementations, sliding windows) take the generic path: :func:`supports` says w
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any
 
 import torch
@@ -36,6 +47,12 @@ SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 
 SCORE_BYTES = 1 << 21
 """Largest attention score block computed at once (bytes): bigger batches are split by rows."""
+
+TAIL_ROWS = 64
+"""Fewest rows the last layer's projections get when only the last columns are computed (see :func:`_tail`)."""
+
+TAIL_QUERIES = 16
+"""Fewest queries per row the last layer's attention gets when only the last columns are computed."""
 
 
 def supports(model: Any) -> bool:
@@ -74,30 +91,97 @@ def fast_forward(model: Any, cache: BatchKVCache, ids: torch.Tensor, mask: torch
     hidden = core.embed_tokens(ids)
     cos, sin = core.rotary_emb(hidden, positions)
     bias = _bias(mask, ids.shape[1], hidden.dtype)
-    for i, layer in enumerate(core.layers[: model.config.num_hidden_layers]):
-        hidden = _layer(layer, i, hidden, cos, sin, bias, cache)
+    layers = core.layers[: model.config.num_hidden_layers]
+    for i, layer in enumerate(layers):
+        tail = _tail(*ids.shape) if i == len(layers) - 1 else None
+        hidden = _layer(layer, i, hidden, cos, sin, bias, cache, tail)
     # the last column only after the norm, as transformers' logits_to_keep=1 does: the output
     # projection over every column would round differently (a GEMM's result depends on its size)
     return model.lm_head(core.norm(hidden)[:, -1:])[:, -1]
 
 
+def _tail(b: int, c: int) -> tuple[int, int] | None:
+    """``(queries, columns)`` of the last layer a ``(B, C)`` forward computes, or ``None`` for all ``C``.
+
+    The last layer's keys and values are needed for every column (the cache keeps them), its
+    queries, attention, output projection and MLP only for the columns whose outputs are read.
+    ``columns`` is at least one and gives the projections at least :data:`TAIL_ROWS` rows,
+    ``queries`` at least :data:`TAIL_QUERIES` per row: a matrix product with fewer rows takes
+    another kernel whose rounding differs.
+    """
+    cols = -(-TAIL_ROWS // b)
+    queries = max(TAIL_QUERIES, cols)
+    return (queries, cols) if queries < c else None
+
+
 def _layer(layer: Any, index: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor,
-           cache: BatchKVCache) -> torch.Tensor:
-    """One decoder layer as transformers' Llama/Qwen2 decoder layer computes it, attention over the kept cache."""
+           cache: BatchKVCache, tail: tuple[int, int] | None = None) -> torch.Tensor:
+    """One decoder layer as transformers' Llama/Qwen2 decoder layer computes it, attention over the kept cache.
+
+    With ``tail = (queries, columns)`` the attention is computed for the last ``queries`` columns
+    and the rest of the layer for the last ``columns``, which it returns (``(B, columns, hidden)``).
+    """
     attn = layer.self_attn
     b, c, _ = hidden.shape
-    shape = (b, c, -1, attn.head_dim)
     x = layer.input_layernorm(hidden)
-    q = attn.q_proj(x).view(shape).transpose(1, 2)
-    k = attn.k_proj(x).view(shape).transpose(1, 2)
-    v = attn.v_proj(x).view(shape).transpose(1, 2)
+    q, k, v = _qkv(attn, x)
+    shape = (b, c, -1, attn.head_dim)
+    q, k, v = q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)
     family = sys.modules[type(attn).__module__]  # transformers' modeling_llama / modeling_qwen2
     q, k = family.apply_rotary_pos_emb(q, k, cos, sin)
     k, v = cache.update(k, v, index)
     groups = attn.num_key_value_groups
     k, v = family.repeat_kv(k, groups), family.repeat_kv(v, groups)
-    hidden = hidden + attn.o_proj(_attend(q, k, v, bias, attn.scaling))
+    if tail is not None:
+        queries, cols = tail
+        out = _attend(q[:, :, -queries:], k, v, bias[:, :, -queries:], attn.scaling)[:, -cols:]
+        hidden = hidden[:, -cols:]
+    else:
+        out = _attend(q, k, v, bias, attn.scaling)
+    hidden = hidden + attn.o_proj(out)
     return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+
+_STACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Per module: aliases of the weights a stacked copy was made from, their versions, and the copy."""
+
+
+def _stacked(module: Any, linears: tuple[Any, ...]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """The weights (and biases) of ``linears`` stacked by output rows, or ``None`` if they are not plain ``Linear``.
+
+    Kept per module and rebuilt when a weight is replaced or updated in place (its version moves),
+    as an optimiser step or a weight load does. The kept aliases hold the old storage, so a new
+    weight cannot land at its address and pass for it.
+    """
+    if any(type(m) is not torch.nn.Linear for m in linears):
+        return None
+    tensors = [t for m in linears for t in (m.weight, m.bias) if t is not None]
+    hit = _STACKED.get(module)
+    if hit is None or len(hit[0]) != len(tensors) or any(
+        a.data_ptr() != t.data_ptr() or v != t._version for a, v, t in zip(hit[0], hit[1], tensors, strict=True)
+    ):
+        weight = torch.cat([m.weight for m in linears])
+        biases = [m.bias for m in linears]
+        if any(b is not None for b in biases):
+            biases = [b if b is not None else m.weight.new_zeros(m.out_features) for b, m in zip(biases, linears, strict=True)]
+            stacked_bias = torch.cat(biases)
+        else:
+            stacked_bias = None
+        hit = _STACKED[module] = ([t.detach() for t in tensors], [t._version for t in tensors], weight, stacked_bias)
+    return hit[2], hit[3]
+
+
+def _qkv(attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The query, key and value projections of ``x`` in one matrix product over their stacked weights.
+
+    A product's output column depends only on its own weight row, so the three parts are the
+    numbers the three projections give.
+    """
+    linears = (attn.q_proj, attn.k_proj, attn.v_proj)
+    stacked = _stacked(attn, linears)
+    if stacked is None:
+        return linears[0](x), linears[1](x), linears[2](x)
+    return torch.nn.functional.linear(x, *stacked).split([m.out_features for m in linears], dim=-1)
 
 
 def _bias(mask: torch.Tensor, c: int, dtype: torch.dtype) -> torch.Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -25,15 +27,14 @@ def _qwen2(vocab: int) -> Qwen2ForCausalLM:
     return Qwen2ForCausalLM(cfg).eval()
 
 
-def _steps(model, fast: bool, n_vocab: int) -> list[torch.Tensor]:
+def _steps(model, fast: bool, n_vocab: int, widths=(7, 1, 1, 5, 1, 3), b: int = 5) -> list[torch.Tensor]:
     """Logits of a prefill with left padding, decode steps, a dropped row and a compaction, as LMSession does them."""
-    b = 5
     cache, mask, n_real = BatchKVCache(), torch.zeros(b, 0, dtype=torch.long), torch.zeros(b, dtype=torch.long)
     logits = []
-    for step, width in enumerate([7, 1, 1, 5, 1, 3]):
+    for step, width in enumerate(widths):
         ids = torch.randint(0, n_vocab, (b if step < 3 else b - 1, width), generator=torch.Generator().manual_seed(step))
         if step == 3:  # drop row 1, then compact: real columns gathered to the right
-            keep = torch.tensor([0, 2, 3, 4])
+            keep = torch.tensor([0, *range(2, b)])
             cache.select_rows(keep)
             mask, n_real = mask[keep], n_real[keep]
             cols = torch.argsort(mask, dim=1, stable=True)[:, mask.shape[1] - int(mask.sum(1).max()):]
@@ -65,6 +66,38 @@ def test_fast_forward_is_bit_identical_to_the_generic_forward(tokenizer, model, 
     generic, fast = _steps(m, False, len(tokenizer)), _steps(m, True, len(tokenizer))
     for a, b in zip(generic, fast, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("widths", [(40, 1, 30, 1, 17, 2), (70, 1, 1, 20)])
+def test_the_last_layer_over_the_last_columns_only_gives_the_same_logits(tokenizer, model, arch, widths):
+    # chunks wider than decoder._tail's minimum: the last layer attends from its last 16 columns
+    # and runs its projections and MLP over the last 13 (5 rows) or 2 (40 rows) only
+    m = model if arch == "llama" else _qwen2(len(tokenizer))
+    for b in (5, 40):
+        assert decoder._tail(b, widths[0]) is not None
+        generic, fast = _steps(m, False, len(tokenizer), widths, b), _steps(m, True, len(tokenizer), widths, b)
+        for a, c in zip(generic, fast, strict=True):
+            assert torch.equal(a, c)
+
+
+def test_stacked_projections_follow_weight_updates(tokenizer, model):
+    # the stacked q/k/v copy is rebuilt when a weight changes in place (an optimiser step)
+    model = copy.deepcopy(model)
+    generic = _steps(model, False, len(tokenizer))
+    assert all(torch.equal(a, c) for a, c in zip(generic, _steps(model, True, len(tokenizer)), strict=True))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.k_proj.weight.mul_(1.5)
+            layer.self_attn.q_proj.weight.add_(0.01)
+    moved = _steps(model, False, len(tokenizer))
+    assert not torch.equal(generic[0], moved[0])
+    assert all(torch.equal(a, c) for a, c in zip(moved, _steps(model, True, len(tokenizer)), strict=True))
+    for layer in model.model.layers:  # replaced, not updated: a new tensor of version 0
+        layer.self_attn.v_proj.weight = torch.nn.Parameter(layer.self_attn.v_proj.weight.detach() * 2)
+    replaced = _steps(model, False, len(tokenizer))
+    assert not torch.equal(moved[0], replaced[0])
+    assert all(torch.equal(a, c) for a, c in zip(replaced, _steps(model, True, len(tokenizer)), strict=True))
 
 
 def _trunks_and_branches(model, renderer):
