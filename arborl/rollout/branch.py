@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 from arborl.rollout.config import EpisodeSpec
 from arborl.trajectory.canonical import content_hash
 from arborl.trajectory.schema import Episode, Origin, OriginKind
@@ -67,20 +69,30 @@ def trunks_to_continue(episodes: Sequence[Episode]) -> list[Episode]:
     return out
 
 
-def branch_specs(trunks: Sequence[Episode], actions: Sequence[str]) -> list[EpisodeSpec]:
+def branch_specs(trunks: Sequence[Episode], actions: Sequence[str], *, max_states: int = 0,
+                 generator: torch.Generator | None = None) -> list[EpisodeSpec]:
     """One branch per (group, visited state, action no group member took there).
 
     Args:
         trunks: Episodes sampled from the policy (their ``group_id`` groups them).
         actions: The env's finite action set, as the texts the env parses (``env.actions``).
+        max_states: Branch at most this many of each group's visited states (0: all of them),
+            picked uniformly at random from ``generator``: on an env whose failing episodes run to
+            the turn limit (Sokoban), every state of every path costs ``|actions| - 1`` branches of
+            about an episode each, which a budget of env steps cannot pay for many iterations.
+        generator: Random source of the pick (needed when ``max_states`` is set).
 
     Returns:
-        Specs that continue the shallowest visit of each state and force the untried action.
-        States without a state key, and episodes that are not trunks (:func:`trunks_to_continue`),
-        are not branched.
+        Specs that continue the shallowest visit of each (picked) state and force the untried
+        actions, groups and states in first-visit order. States without a state key, and episodes
+        that are not trunks (:func:`trunks_to_continue`), are not branched.
     """
     if not actions:
         raise ValueError("branch_specs needs the env's action set; the env exposes none (set env.actions)")
+    if max_states < 0:
+        raise ValueError(f"max_states is {max_states}; use 0 (every visited state) or a positive count")
+    if max_states and generator is None:
+        raise ValueError("branch_specs(max_states=...) picks states at random; pass a torch.Generator")
     tried: dict[tuple[str, str], set[str]] = {}
     first: dict[tuple[str, str], tuple[Episode, int]] = {}
     for ep in trunks_to_continue(trunks):
@@ -93,8 +105,18 @@ def branch_specs(trunks: Sequence[Episode], actions: Sequence[str]) -> list[Epis
                 tried[key].add(turn.action)
             if key not in first or k < first[key][1]:
                 first[key] = (ep, k)
-    return [continuation_spec(ep, k, "branch", action)
-            for key, (ep, k) in first.items() for action in actions if action not in tried[key]]
+    keys = list(first)
+    if max_states:
+        by_group: dict[str, list[tuple[str, str]]] = {}
+        for key in keys:
+            by_group.setdefault(key[0], []).append(key)
+        picked = set()
+        for group_keys in by_group.values():
+            order = torch.randperm(len(group_keys), generator=generator)[:max_states].tolist()
+            picked.update(group_keys[i] for i in order)
+        keys = [key for key in keys if key in picked]
+    return [continuation_spec(first[key][0], first[key][1], "branch", action)
+            for key in keys for action in actions if action not in tried[key]]
 
 
 def credited_turns(ep: Episode) -> tuple[int, int]:

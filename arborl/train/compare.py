@@ -103,13 +103,15 @@ def env_steps_per_iteration(rl, turns: float, n_actions: int) -> float:
 
     Returns:
         ``tasks * group * turns`` sampled steps; with ``rl.branch`` plus, for each task, the states of
-        one path (``turns`` of them, the group mostly agreeing) times the ``n_actions - 1`` untried
-        actions, each branch re-playing and finishing about a whole episode (``turns`` steps).
+        one path (``turns`` of them, the group mostly agreeing; at most ``rl.branch_states`` when that
+        is set) times the ``n_actions - 1`` untried actions, each branch re-playing and finishing about
+        a whole episode (``turns`` steps).
     """
     sampled = rl.tasks_per_iter * rl.group_size * turns
     if not rl.branch:
         return sampled
-    return sampled + rl.tasks_per_iter * turns * max(n_actions - 1, 0) * turns
+    states = min(turns, rl.branch_states) if rl.branch_states else turns
+    return sampled + rl.tasks_per_iter * states * max(n_actions - 1, 0) * turns
 
 
 def iterations_for(budget: int, per_iteration: float) -> int:

@@ -377,6 +377,10 @@ class RLConfig:
     """Finish branches with greedy decoding: the return then measures ``Q(s, a)`` of the greedy
     policy (the one evaluated) without sampling noise. Needs ``rollout.sampling.temperature = 1``
     so the forced action's recorded log-prob matches the trainer's."""
+    branch_states: int = 0
+    """Branch at most this many visited states of each group, picked uniformly at random (0: every
+    visited state). Each picked state still gets every untried action. Bounds the env steps branches
+    take when episodes are long (Sokoban's failing rollouts run to the turn limit)."""
     tree: bool = False
     """After each group rollout, re-sample ``tree_k`` continuations from ``tree_nodes`` turns of each group
     (arborl.rollout.tree): the group becomes a tree whose shared prefixes give step-level credit
@@ -431,6 +435,8 @@ class RLConfig:
     def __post_init__(self) -> None:
         _check_positive(self, "iterations", "tasks_per_iter", "group_size", "lr", "ppo_epochs", "minibatch_size",
                         "grad_clip", "checkpoint_keep", "tree_k", "tree_nodes")
+        if self.branch_states < 0:
+            raise ValueError(f"rl.branch_states is {self.branch_states}; use 0 (every visited state) or a positive count")
         if not 0 <= self.clip_low < 1 or self.clip_high < 0:
             raise ValueError(f"rl.clip_low must be in [0, 1) and rl.clip_high >= 0 (got {self.clip_low}, {self.clip_high})")
         if not self.behav_cap >= 1:

@@ -386,7 +386,8 @@ def roll_specs(cfg: TrainConfig, it: int, model, tok, gen: torch.Generator, spec
                                    source="rl-tree", prefix_cache=trunk_kv, media=media)
     if rc.branch:  # every untried action at every visited state, finished by the policy
         with phase("branch"):
-            rolled += run_episodes(policy, make_env, branch_specs(rolled[:n_sampled], actions),
+            rolled += run_episodes(policy, make_env, branch_specs(rolled[:n_sampled], actions,
+                                                                 max_states=rc.branch_states, generator=gen),
                                    _branch_rollout_config(cfg), generator=gen, policy_version=version, iteration=it,
                                    source="rl-branch", prefix_cache=trunk_kv, media=media)
     return Rollout(rolled, n_sampled, version, {k: phase.seconds[k] for k in ("rollout", "branch")},

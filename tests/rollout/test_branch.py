@@ -124,3 +124,37 @@ def test_diverged_branch_is_detected_and_gets_no_credit(lake_policy):
     assert branch_diverged(br)
     steps = step_batch([br])
     assert not steps.active.any()
+
+
+def test_branch_states_caps_the_branched_states_of_each_group(lake_policy):
+    _, renderer = lake_policy
+    env = FrozenLake(size=4)
+    # two groups on the same map (seeds differ: a trunk equal in content to an earlier one is not branched)
+    specs = [EpisodeSpec(task_id="m", task_type="frozenlake", group_id=g, seed=seed, options={"desc": DESC})
+             for g, seed in (("g0", 5), ("g0", 5), ("g1", 6))]
+    trunks = run_episodes(ScriptedPolicy(lambda e: e.expert_action(), renderer), [env], specs, _cfg(10),
+                          generator=torch.Generator().manual_seed(0))
+    path = trunks[0].path()  # the expert's 6 states, the same in both groups
+    full = branch_specs(trunks, FrozenLake.actions)
+    assert len(full) == 2 * 6 * 3
+    capped = branch_specs(trunks, FrozenLake.actions, max_states=2, generator=torch.Generator().manual_seed(0))
+    # 2 states of each group, every untried action at each: 2 groups x 2 states x 3 actions
+    assert len(capped) == 2 * 2 * 3
+    for g in ("g0", "g1"):
+        mine = [s for s in capped if s.group_id == g]
+        assert len({s.origin.turn for s in mine}) == 2
+        for k in {s.origin.turn for s in mine}:
+            assert {s.branch_action for s in mine if s.origin.turn == k} == \
+                {a for a in FrozenLake.actions if a != path[k].action}
+    # a subset of the full list, in its order; the same generator seed picks the same states
+    assert [(s.group_id, s.origin.turn, s.branch_action) for s in capped] == \
+        [(s.group_id, s.origin.turn, s.branch_action) for s in full
+         if (s.group_id, s.origin.turn) in {(c.group_id, c.origin.turn) for c in capped}]
+    again = branch_specs(trunks, FrozenLake.actions, max_states=2, generator=torch.Generator().manual_seed(0))
+    assert [(s.group_id, s.origin.turn) for s in again] == [(s.group_id, s.origin.turn) for s in capped]
+    # a cap at or above the states visited branches them all
+    assert len(branch_specs(trunks, FrozenLake.actions, max_states=6, generator=torch.Generator())) == len(full)
+    with pytest.raises(ValueError, match="torch.Generator"):
+        branch_specs(trunks, FrozenLake.actions, max_states=2)
+    with pytest.raises(ValueError, match="max_states"):
+        branch_specs(trunks, FrozenLake.actions, max_states=-1)

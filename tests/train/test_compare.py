@@ -30,6 +30,12 @@ def test_budget_in_env_steps_becomes_iterations_by_hand():
     # branches: 16 tasks x 3.5 states x 3 untried actions x 3.5 turns each = 588 more
     branch = RLConfig(tasks_per_iter=16, group_size=4, branch=True)
     assert env_steps_per_iteration(branch, 3.5, 4) == 224 + 588
+    # rl.branch_states = 2: 16 tasks x 2 states x 3 untried actions x 3.5 turns = 336 more
+    capped = RLConfig(tasks_per_iter=16, group_size=4, branch=True, branch_states=2)
+    assert env_steps_per_iteration(capped, 3.5, 4) == 224 + 336
+    # a cap above the path's states changes nothing
+    assert env_steps_per_iteration(RLConfig(tasks_per_iter=16, group_size=4, branch=True, branch_states=9), 3.5, 4) \
+        == 224 + 588
     assert iterations_for(6000, 224) == 27  # 26.79 rounded up: the budget is spent, not left over
     assert iterations_for(6000, 812) == 8  # 7.39: a branch method gets fewer iterations of the same budget
     assert iterations_for(6000, 6000) == 1
