@@ -236,13 +236,16 @@ def _ties_thresholds(cfg: MergeConfig, name: str, info: TensorInfo, models: list
     """Each model's TIES magnitude threshold over the whole tensor, from one ``|theta_i - base|`` buffer filled by slices."""
     numel = math.prod(info.shape)
     per_row = numel // info.shape[0]
-    out = []
+    mag = torch.empty(numel, dtype=torch.float32)  # one buffer for every model: a second tensor-sized
+    out = []                                       # allocation could land on the heap and stay resident
     for m in models:
-        mag = torch.empty(numel, dtype=torch.float32)
         for r0, r1 in spans:
-            mag[r0 * per_row:r1 * per_row] = m.load(name, (r0, r1)).sub_(base.load(name, (r0, r1))).abs_().view(-1)
+            b = base.load(name, (r0, r1))
+            mag[r0 * per_row:r1 * per_row] = m.load(name, (r0, r1)).sub_(b).abs_().view(-1)
+            del b
         out.append(methods.magnitude_threshold(mag, cfg.density))
-        del mag
+    del mag
+    _release_freed_memory()
     return out
 
 
