@@ -31,6 +31,10 @@ steps run concurrently on ``rollout.env_workers`` threads and a sandbox serves c
 visible test, else run it; on a bug-fix problem it first runs the given buggy code (the failing
 test shows), then the fix, then submits the fix. It reads the episode so far, so it also finishes
 an episode another policy began (a failed or timed-out run is followed by the passing one).
+With ``oracle_error = p`` it is an **imperfect teacher**: on a stable share ``p`` of the bug-fix
+problems (a hash of the problem id) it trusts the code it was handed and submits it untested, a
+wrong answer. A policy that imitates it submits bug reports untested; RL has to discover that
+running the code first, and fixing what fails, is what scores (``submitted_untested`` counts it).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from typing import Any, ClassVar
 from arborl.code.data import read_jsonl
 from arborl.code.problems import Problem, family_words, generate_problem
 from arborl.config import ConfigError
+from arborl.env import split
 from arborl.env.tool_env import Task, ToolEnv
 from arborl.sandbox import BACKENDS, Limits, Sandbox, SandboxError
 from arborl.sandbox.core import probe_backend
@@ -195,8 +200,9 @@ class CodeTasks:
         sandbox: Returns the judge's sandbox.
     """
 
-    def __init__(self, problem: Callable[[int], Problem], sandbox: Callable[[], Sandbox]) -> None:
-        self.problem, self.sandbox = problem, sandbox
+    def __init__(self, problem: Callable[[int], Problem], sandbox: Callable[[], Sandbox],
+                 oracle_error: float = 0.0) -> None:
+        self.problem, self.sandbox, self.oracle_error = problem, sandbox, oracle_error
         self.current: Problem | None = None
         self.judged: tuple[int, int] | None = None
 
@@ -218,14 +224,18 @@ class CodeTasks:
         return result.score
 
     def metrics(self, env: ToolEnv, answer: str | None) -> dict[str, float]:
-        """``pass_rate``, ``tool_calls``, ``fixed_failing``, ``sandbox_timeouts``, ``submitted``."""
+        """``pass_rate``, ``tool_calls``, ``fixed_failing``, ``sandbox_timeouts``, ``submitted``, ``submitted_untested``."""
         runs = [result for name, _, result in env.calls if name == "python"]
         passed = [run_passed(r) for r in runs]
         fixed = any(not a and any(passed[i + 1:]) for i, a in enumerate(passed))
         rate = self.judged[0] / self.judged[1] if answer is not None and self.judged else 0.0
         return {"pass_rate": rate, "tool_calls": float(len(runs)), "fixed_failing": float(fixed),
                 "sandbox_timeouts": float(sum("TimeoutError: killed" in r for r in runs)),
-                "submitted": float(answer is not None)}
+                "submitted": float(answer is not None), "submitted_untested": float(answer is not None and not runs)}
+
+    def slips(self, pr: Problem) -> bool:
+        """Whether the imperfect teacher submits ``pr``'s given code untested (a stable share of bug fixes)."""
+        return pr.kind == "bugfix" and split.stable_unit(f"oracle-{pr.id}") < self.oracle_error
 
     def expert(self, env: ToolEnv) -> str:
         """The oracle's next action (see the module docstring)."""
@@ -233,6 +243,8 @@ class CodeTasks:
         if not pr.solution:
             raise ConfigError(f"problem {pr.id!r} has no 'solution'; the oracle needs one for synth")
         runs = [result for name, _, result in env.calls if name == "python"]
+        if not runs and self.slips(pr):
+            return f"<answer> {pr.buggy_code} </answer>"
         if runs and run_passed(runs[-1]):
             return f"<answer> {pr.solution} </answer>"
         first_look = pr.kind == "bugfix" and not runs  # a bug report: run the given code, see the failure
@@ -246,7 +258,8 @@ def _file(path: str) -> tuple[Problem, ...]:
 
 def code_env(*, train_file: str = "", test_file: str = "", heldout_from: int = 1_000_000_000,
              test_frac: float = 0.2, bugfix_frac: float = 0.5, sandbox: str = "auto", wall_s: float = 5.0,
-             max_steps: int = 6, tool_prompt: str = "compact", instructions: str = "system") -> ToolEnv:
+             max_steps: int = 6, tool_prompt: str = "compact", instructions: str = "system",
+             oracle_error: float = 0.0) -> ToolEnv:
     """The code-agent :class:`~arborl.env.tool_env.ToolEnv` (see the module docstring).
 
     Args:
@@ -260,11 +273,15 @@ def code_env(*, train_file: str = "", test_file: str = "", heldout_from: int = 1
         max_steps: Turns per episode (runs and the submission).
         tool_prompt: ``"compact"`` (one line per tool, for a small policy) or ``"hermes"`` (JSON schemas).
         instructions: Where the tool instructions go, ``"system"`` or ``"user"``.
+        oracle_error: The expert (``synth``) as an imperfect teacher: on this share of the bug-fix
+            problems (a stable hash of the problem id) it submits the given buggy code untested.
 
     Raises:
         ConfigError: An unknown backend or prompt style, or a share out of range.
         SchemaError: A problems file is missing or malformed.
     """
+    if not 0 <= oracle_error <= 1:
+        raise ConfigError(f"env.kwargs.oracle_error = {oracle_error}; give a share in [0, 1] of the bug-fix problems")
     if not 0 < test_frac < 1 or not 0 <= bugfix_frac <= 1:
         raise ConfigError(f"env.kwargs: test_frac = {test_frac} must be in (0, 1) and bugfix_frac = {bugfix_frac} "
                           "in [0, 1]")
@@ -282,11 +299,12 @@ def code_env(*, train_file: str = "", test_file: str = "", heldout_from: int = 1
     def box() -> Sandbox:
         return shared_sandbox(backend, wall_s)
 
-    source = CodeTasks(problem, box)
+    source = CodeTasks(problem, box, oracle_error)
     runner = VisibleTestRunner(box, source.get)
     env = ToolEnv(source, [runner], source.reward, call_format=hermes_format(tool_prompt),
                   max_steps=max_steps, call_timeout_s=wall_s + 10.0, system_prompt=INSTRUCTIONS,
-                  instructions=instructions, task_type="code", expert=source.expert, metrics=source.metrics)
+                  instructions=instructions, task_type="code", expert=source.expert, metrics=source.metrics,
+                  deterministic=oracle_error == 0)  # an imperfect expert is not checked for success
     env.vocabulary = tuple(family_words()) + ("visible", "tests", ":", "/", "passed", "<answer>",  # type: ignore[attr-defined]
                                               "</answer>", "<tool_call>", "</tool_call>", '{"name":', '"python",',
                                               '"arguments":', '{"code":', '"', '"}}')

@@ -50,7 +50,7 @@ def test_oracle_synthesis_runs_once_then_submits(test):
     assert "visible tests : 2 / 2 passed" in steps[0].obs
     assert steps[-1].reward == 1.0 and steps[-1].info["success"]
     assert steps[-1].info["metrics"] == {"pass_rate": 1.0, "tool_calls": 1.0, "fixed_failing": 0.0,
-                                         "sandbox_timeouts": 0.0, "submitted": 1.0}
+                                         "sandbox_timeouts": 0.0, "submitted": 1.0, "submitted_untested": 0.0}
 
 
 def test_oracle_bugfix_sees_the_failure_then_fixes_it():
@@ -62,6 +62,24 @@ def test_oracle_bugfix_sees_the_failure_then_fixes_it():
     assert f"visible tests : {len(pr.visible)} / {len(pr.visible)} passed" in steps[1].obs
     assert steps[-1].reward == 1.0
     assert steps[-1].info["metrics"]["fixed_failing"] == 1.0 and steps[-1].info["metrics"]["tool_calls"] == 2.0
+
+
+def test_the_imperfect_teacher_submits_a_stable_share_of_bug_reports_untested():
+    from arborl.env.split import stable_unit
+
+    env = code_env(oracle_error=0.6)
+    assert env.deterministic is False and code_env().deterministic is True
+    seeds = [s for s in range(200) if generate_problem(s).kind == "bugfix"]
+    slipped = [s for s in seeds if stable_unit(f"oracle-{generate_problem(s).id}") < 0.6]
+    assert 0.4 < len(slipped) / len(seeds) < 0.8
+    steps = play(env, slipped[0])  # the slip: the given code, untested, scores 0
+    assert [s.info["action"] for s in steps] == ["answer"] and steps[-1].reward == 0.0
+    assert steps[-1].info["metrics"]["submitted_untested"] == 1.0
+    kept = next(s for s in seeds if s not in slipped)  # the others: run, fail, fix, submit
+    assert [s.info["action"] for s in play(env, kept)] == ["python", "python", "answer"]
+    assert [s.info["action"] for s in play(env, seed_of("synth"))] == ["python", "answer"]  # synthesis: no slips
+    with pytest.raises(ConfigError, match="oracle_error = 1.5"):
+        code_env(oracle_error=1.5)
 
 
 def test_submitting_the_bug_scores_zero_with_the_hand_computed_pass_rate():
