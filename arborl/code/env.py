@@ -35,19 +35,24 @@ With ``oracle_error = p`` it is an **imperfect teacher**: on a stable share ``p`
 problems (a hash of the problem id) it trusts the code it was handed and submits it untested, a
 wrong answer. A policy that imitates it submits bug reports untested; RL has to discover that
 running the code first, and fixing what fails, is what scores (``submitted_untested`` counts it).
+
+``env.random_action(rng)`` is a well-formed ``python`` call of the current function with a body
+and parameter drawn from its family (mostly wrong, run for real): mid-training's noisy synthesis
+(:func:`arborl.train.midtrain.noisy_expert`) mixes it into the expert's episodes.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import random
 import re
 import textwrap
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from arborl.code.data import read_jsonl
-from arborl.code.problems import Problem, family_words, generate_problem
+from arborl.code.problems import FAMILIES, Problem, family_words, generate_problem
 from arborl.config import ConfigError
 from arborl.env import split
 from arborl.env.tool_env import Task, ToolEnv
@@ -237,6 +242,19 @@ class CodeTasks:
         """Whether the imperfect teacher submits ``pr``'s given code untested (a stable share of bug fixes)."""
         return pr.kind == "bugfix" and split.stable_unit(f"oracle-{pr.id}") < self.oracle_error
 
+    def random_action(self, rng: random.Random) -> str:
+        """A well-formed ``python`` call with plausible, mostly wrong code (mid-training's noisy synthesis).
+
+        The current function with a return expression drawn from its family's reference and
+        planted bugs and a parameter drawn from the family's values; the sandbox runs it for real.
+        A user's problem, with no family, gets its given buggy code or the reference.
+        """
+        pr = self.get()
+        fam = _FAMILY.get(pr.entry_point)
+        if fam is None or pr.signature != f"def {fam.name} ( {fam.arg} ) :":
+            return python_call(rng.choice([c for c in (pr.buggy_code, pr.solution) if c] or [f"{pr.signature} pass"]))
+        return python_call(fam.code(rng.choice((fam.body, *fam.bugs)), rng.choice(fam.params)))
+
     def expert(self, env: ToolEnv) -> str:
         """The oracle's next action (see the module docstring)."""
         pr = self.get()
@@ -249,6 +267,9 @@ class CodeTasks:
             return f"<answer> {pr.solution} </answer>"
         first_look = pr.kind == "bugfix" and not runs  # a bug report: run the given code, see the failure
         return python_call(pr.buggy_code if first_look else pr.solution)
+
+
+_FAMILY = {fam.name: fam for fam in FAMILIES}
 
 
 @functools.lru_cache(maxsize=8)
@@ -309,4 +330,5 @@ def code_env(*, train_file: str = "", test_file: str = "", heldout_from: int = 1
                                               "</answer>", "<tool_call>", "</tool_call>", '{"name":', '"python",',
                                               '"arguments":', '{"code":', '"', '"}}')
     env.sandbox_backend = backend  # type: ignore[attr-defined]
+    env.random_action = source.random_action  # type: ignore[attr-defined]
     return env

@@ -6,7 +6,7 @@ import json
 
 from tests.e2e.clikit import TINY, arborl, cli_env, sets
 
-METRICS = ("pass_rate", "tool_calls", "fixed_failing", "sandbox_timeouts", "submitted")
+METRICS = ("pass_rate", "tool_calls", "fixed_failing", "sandbox_timeouts", "submitted", "submitted_untested")
 
 
 def test_code_agent_recipe_end_to_end(tmp_path):
@@ -28,7 +28,12 @@ def test_code_agent_recipe_end_to_end(tmp_path):
     with open_store(f"sqlite:///{run}/trajectories.db") as store:
         demos = list(store.iter_episodes(source="synth"))
         evals = list(store.iter_episodes(source="eval-rl"))
-    assert len(demos) == n_demos and all(e.success for e in demos)  # the oracle solves every problem
+    assert len(demos) == n_demos
+    untested = [e for e in demos if e.path()[-1].info["metrics"]["submitted_untested"] == 1.0]
+    # the example's imperfect teacher: a bug report submitted untested fails; every other demonstration succeeds
+    assert untested and all(len(e.path()) == 1 and not e.success for e in untested)
+    slipped = {e.episode_id for e in untested}
+    assert all(e.success for e in demos if e.episode_id not in slipped)
     assert len(evals) == n_eval and all(e.seed >= 1_000_000_000 for e in evals)
     fixes = [e for e in demos if e.path()[-1].info["metrics"]["fixed_failing"] == 1.0]
     assert fixes and all(len(e.path()) == 3 and e.path()[0].tool_call.name == "python" for e in fixes)

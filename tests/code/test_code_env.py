@@ -82,6 +82,28 @@ def test_the_imperfect_teacher_submits_a_stable_share_of_bug_reports_untested():
         code_env(oracle_error=1.5)
 
 
+def test_a_random_action_is_a_real_run_of_the_current_function_with_family_code():
+    import random
+
+    from arborl.code.problems import FAMILIES
+
+    env = code_env()
+    rng = random.Random(0)
+    seen_pass = seen_fail = 0
+    for seed in range(12):
+        env.reset(seed=seed)
+        pr = generate_problem(seed)
+        fam = next(f for f in FAMILIES if f.name == pr.entry_point)
+        action = env.random_action(rng)
+        code = json.loads(action.removeprefix("<tool_call>").removesuffix("</tool_call>"))["arguments"]["code"]
+        assert code.strip() in {fam.code(b, k) for b in (fam.body, *fam.bugs) for k in fam.params}
+        step = env.step(action)
+        assert step.info["action"] == "python" and not step.terminated and "visible tests :" in step.obs
+        ok = f"visible tests : {len(pr.visible)} / {len(pr.visible)} passed" in step.obs
+        seen_pass, seen_fail = seen_pass + ok, seen_fail + (not ok)
+    assert seen_fail > seen_pass  # mostly wrong code, run for real
+
+
 def test_submitting_the_bug_scores_zero_with_the_hand_computed_pass_rate():
     seed = seed_of("bugfix")
     pr = generate_problem(seed)
