@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import json
+import random
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -278,6 +279,7 @@ def finqa_env(*, train_file: str = "", test_file: str = "", heldout_from: int = 
                   deterministic=oracle_error == 0, call_timeout_s=10.0,
                   metrics=step_metrics)
     holder.append(env)
+    env.random_action = functools.partial(random_action, env, lookup=lookup)  # type: ignore[attr-defined]
     years = [str(y) for y in YEARS] if whole_labels else []
     env.vocabulary = [*WORDS, *years] if spaced else number_words()  # type: ignore[attr-defined]
     env.episode_metrics = episode_metrics  # type: ignore[attr-defined]
@@ -328,6 +330,28 @@ def oracle(env: ToolEnv, *, oracle_error: float = 0.0, lookup: bool = False) -> 
             return calculator_call(_as_read(expression, task))
     elif not env.last_results:
         return calculator_call(_as_read(expression, task))
+    return f"<answer> {env.last_results[-1].strip()} </answer>"
+
+
+RANDOM_EXPRESSIONS = ("{a} - {b}", "{a} + {b}", "{a} / {b}", "( {a} - {b} ) / {b}", "{a} * {b}", "{a} / {b} - 1")
+
+
+def random_action(env: ToolEnv, rng: random.Random, *, lookup: bool = False) -> str:
+    """A well-formed action with plausible, mostly wrong arguments (mid-training's noisy synthesis).
+
+    A ``lookup`` of a random cell of the task's table (with ``lookup``), a calculator call on one
+    of :data:`RANDOM_EXPRESSIONS` over two random cells, or (after a result) the last result as
+    the answer. The env runs each for real: the lookups and the calculator return real values.
+    """
+    task = env.task
+    assert task is not None, "random_action called before reset()"
+    header, *rows = task.metadata["table"]
+    roll = rng.random()
+    if lookup and roll < 0.5:
+        return lookup_call(_as_read(rng.choice(rows)[0], task), _as_read(rng.choice(header[1:]), task))
+    if roll < 0.85 or not env.last_results:
+        a, b = (rng.choice(rows)[rng.randrange(1, len(header))] for _ in range(2))
+        return calculator_call(_as_read(rng.choice(RANDOM_EXPRESSIONS).format(a=a, b=b), task))
     return f"<answer> {env.last_results[-1].strip()} </answer>"
 
 

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import json
+import random
 import sys
 from pathlib import Path
 
@@ -128,6 +129,7 @@ class _SearchTask:
         self.grounded_reward = grounded_reward
         self.train_answers = frozenset(normalize_answer(a) for q in train for a in q.golden_answers)
         self.env: ToolEnv | None = None  # the env this source serves (its calls are the episode's searches)
+        self._title_list: list[str] | None = None  # random_action's titles, sorted once on first use
 
     def __call__(self, seed: int) -> Task:
         q = self.test[(seed - self.test_seed_start) % len(self.test)] if seed >= self.test_seed_start \
@@ -178,7 +180,40 @@ class _SearchTask:
         assert env.task is not None
         q: Question = env.task.metadata["question"]
         actions = oracle_actions(q, think=False, stop_early=self.slips(q))
-        action = actions[min(env.steps, len(actions) - 1)]
+        return self._written(env, actions[min(env.steps, len(actions) - 1)])
+
+    def random_action(self, rng: random.Random) -> str:
+        """A well-formed search or answer with plausible, mostly wrong content (mid-training's noisy synthesis).
+
+        A search for a few of the question's words in order, or for a random passage title; or an
+        answer: a random title, or a run of words from the episode's last search result. The
+        retriever answers every search for real.
+        """
+        env = self.env
+        assert env is not None and env.task is not None, "random_action called before reset()"
+        q: Question = env.task.metadata["question"]
+        if self._title_list is None:
+            self._title_list = sorted(set(self.titles.values()))
+        results = [r.split() for _, r in _searches(env)]
+        roll = rng.random()
+        if roll < 0.6:
+            words = q.question.rstrip("?").split()
+            k = rng.randint(1, min(4, len(words)))
+            start = rng.randrange(len(words) - k + 1)
+            query = " ".join(words[start:start + k]) if rng.random() < 0.6 or not self._title_list \
+                else rng.choice(self._title_list)
+            return self._written(env, f"<search>{query}</search>")
+        if results and results[-1] and rng.random() < 0.5:
+            words = results[-1]
+            k = rng.randint(1, min(3, len(words)))
+            start = rng.randrange(len(words) - k + 1)
+            answer = " ".join(words[start:start + k])
+        else:
+            answer = rng.choice(self._title_list) if self._title_list else q.question.split()[-1]
+        return self._written(env, f"<answer>{answer}</answer>")
+
+    def _written(self, env: ToolEnv, action: str) -> str:
+        """``action`` (search-r1 tags) as the env's call format and text transform write it."""
         if env.call_format.name == "hermes" and action.startswith("<search>"):  # the same call as a JSON tool call
             query = action.removeprefix("<search>").removesuffix("</search>")
             action = f'<tool_call>{json.dumps({"name": "search", "arguments": {"query": query}})}</tool_call>'
@@ -261,6 +296,7 @@ def search_r1_env(
                   expert=source.expert, metrics=source.metrics, format_instructions=instructions or None,
                   deterministic=oracle_error == 0)  # an imperfect expert is not checked for success
     source.env = env
+    env.random_action = source.random_action  # type: ignore[attr-defined]
     if spaced_text:
         env.vocabulary = _vocabulary(corpus, qa, corpus_seed, test_frac, n_questions, filler)  # type: ignore[attr-defined]
     return env

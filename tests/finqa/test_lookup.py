@@ -173,3 +173,41 @@ def test_bad_lookup_kwargs_are_config_errors():
         finqa_env(lookup=True, statement=0)
     with pytest.raises(ConfigError, match="statement = false needs lookup = true"):
         finqa_env(statement=False)
+
+
+def test_a_random_action_is_a_real_call_on_the_tasks_own_cells(hand_env, tmp_path):
+    import random
+
+    from arborl.finqa.env import RANDOM_EXPRESSIONS, random_action
+
+    env = hand_env
+    rng = random.Random(0)
+    header, *rows = HAND.table
+    cells = {v for r in rows for v in r[1:]}
+    kinds = {"lookup": 0, "calculator": 0, "answer": 0}
+    for _ in range(40):
+        env.reset(seed=0)
+        for _ in range(env.max_steps):
+            action = env.random_action(rng)
+            res = env.step(action)
+            assert res.info["action_valid"], action
+            kind = res.info["action"]
+            kinds[kind] += 1
+            if kind == "lookup":  # a cell of the table, answered with its value
+                args = json.loads(action.removeprefix("<tool_call>").removesuffix("</tool_call>"))["arguments"]
+                row = next(r for r in rows if r[0] == args["item"].strip())
+                assert res.obs == f"<tool_response>\n{row[header.index(args['year'].strip())]}\n</tool_response>"
+            elif kind == "calculator":  # one of the forms over two cells, computed for real
+                expr = json.loads(action.removeprefix("<tool_call>").removesuffix("</tool_call>"))["arguments"]["expression"]
+                a, b = [t for t in expr.split() if t[0].isdigit()][:2]
+                assert {a, b} <= cells and expr.strip() in {f.format(a=a, b=b) for f in RANDOM_EXPRESSIONS}
+                assert not res.info["tool_results"][0]["error"]
+            else:
+                assert action == f"<answer> {env.last_results[-1].strip()} </answer>" and res.terminated
+            if res.terminated or res.truncated:
+                break
+    assert all(kinds.values()), kinds  # every kind is drawn
+    data = str(tmp_path / "t.jsonl")  # hand_env's file
+    without = finqa_env(sandbox="none", train_file=data, test_file=data, max_steps=4)
+    without.reset(seed=0)
+    assert all('"lookup"' not in random_action(without, rng) for _ in range(30))  # no lookup tool, no lookup call

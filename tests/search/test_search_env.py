@@ -326,3 +326,39 @@ def test_oracle_error_makes_the_teacher_answer_a_stable_share_of_2_hop_questions
     assert all(len(_play(search_r1_env(**env_kw, oracle_error=1.0), i)) == 2 for i in two[:20])
     with pytest.raises(ConfigError, match="oracle_error = 1.5"):
         search_r1_env(**env_kw, oracle_error=1.5)
+
+
+def test_a_random_action_is_a_real_search_or_a_wrong_answer(data, env_kw, by_id):
+    import random
+
+    _, train, _ = data
+    env = search_r1_env(**env_kw)
+    titles = {p.title for p in by_id.values()}
+    rng = random.Random(0)
+    searches = answers = right = 0
+    for seed in range(30):
+        env.reset(seed=seed)
+        question = train[seed].question.rstrip("?").split()
+        for _ in range(env.max_steps):
+            action = env.random_action(rng)
+            res = env.step(action)
+            assert res.info["action_valid"], action
+            if action.startswith("<search>"):  # a run of the question's words or a title, retrieved for real
+                query = action.removeprefix("<search>").removesuffix("</search>")
+                words = query.split()
+                runs = {" ".join(question[i:i + len(words)]) for i in range(len(question))}
+                assert query in runs or query in titles
+                assert res.obs.startswith("<information>Doc 1(Title: ") and not res.terminated
+                searches += 1
+            else:
+                assert action.startswith("<answer>") and res.terminated
+                answers += 1
+                right += res.reward == 1.0
+            if res.terminated or res.truncated:
+                break
+    assert searches > answers > 0 and right < answers / 2  # mostly searches, mostly wrong answers
+    hermes = search_r1_env(**env_kw, tool_format="hermes")
+    hermes.reset(seed=0)
+    calls = [hermes.random_action(rng) for _ in range(20)]
+    assert any(c.startswith('<tool_call>{"name": "search"') for c in calls)
+    assert not any(c.startswith("<search>") for c in calls)
