@@ -34,14 +34,12 @@ ROOT = Path(__file__).resolve().parents[1]
 ENVS = {"frozenlake": "examples/frozenlake.toml", "sokoban": "examples/sokoban.toml"}
 SMALL = ["policy.model.hidden_size=128", "policy.model.intermediate_size=344", "threads=1", "report_to=[]",
          "sft.eval_every=0"]
+TOOLS = {"search": "examples/search_r1.toml", "finqa": "examples/finqa.toml"}
+TOOL_SET = ["threads=1", "report_to=[]", "sft.eval_every=0"]  # the tool recipes as they are, one thread, quiet
 RECIPES = {  # midtrain / rl modes: the config, settings of every stage, settings of the RL stage
     "frozenlake": (ENVS["frozenlake"], ["synth.episodes=600", *SMALL], ["rl.tasks_per_iter=8"]),
-    "code": ("examples/code_agent.toml", ["threads=1", "report_to=[]", "sft.eval_every=0"], []),
+    "code": ("examples/code_agent.toml", TOOL_SET, []),
 }
-
-
-TOOLS = {"search": "examples/search_r1.toml", "finqa": "examples/finqa.toml"}
-TOOL_SET = ["threads=1", "report_to=[]", "sft.eval_every=0"]
 
 
 def cli(*args: str) -> None:
@@ -63,21 +61,29 @@ def sets(pairs: list[str]) -> list[str]:
     return [a for kv in pairs for a in ("--set", kv)]
 
 
-def shared_init(out: Path) -> Path:
-    """A scratch policy whose tokenizer knows both envs' words."""
+def shared_init(out: Path, configs: list[str], settings: list[str], *, episodes: int | None = None,
+                kind: str = "word", vocab_size: int = 2000) -> Path:
+    """A scratch policy whose tokenizer knows every config's env text (so specialists share ids and shape).
+
+    ``episodes``: corpus episodes per env (``None``: each config's ``policy.tokenizer_episodes``).
+    """
     from arborl.config import load_config
     from arborl.policy import build_model, save_policy, train_tokenizer
     from arborl.train.common import env_factory
     from arborl.train.config import TrainConfig
     from arborl.train.stages import _corpus
 
-    texts, words = [], []
-    for config in ENVS.values():
-        cfg = load_config(TrainConfig, ROOT / config, SMALL)
-        t, w = _corpus(env_factory(cfg.env), 300, cfg.env.train_seed_start, cfg.seed)
+    texts, words, shapes = [], [], set()
+    for config in configs:
+        cfg = load_config(TrainConfig, ROOT / config, settings)
+        n = cfg.policy.tokenizer_episodes if episodes is None else episodes
+        t, w = _corpus(env_factory(cfg.env), n, cfg.env.train_seed_start, cfg.seed)
         texts += t
         words += w
-    tok = train_tokenizer(texts + words, extra_words=words)
+        shapes.add(repr(cfg.policy.model))
+    if len(shapes) != 1:
+        raise SystemExit(f"the configs' policy.model differ, so their models cannot be merged: {shapes}")
+    tok = train_tokenizer(texts + words, extra_words=words, kind=kind, vocab_size=vocab_size)
     return save_policy(build_model(cfg.policy.model, tok, seed=0), tok, out)
 
 
@@ -88,7 +94,8 @@ def evaluate(env: str, checkpoint: Path, run: Path, episodes: int) -> float:
 
 
 def bench_merge(out: Path, episodes: int) -> dict:
-    init = out / "init" if (out / "init" / "config.json").exists() else shared_init(out / "init")
+    init = out / "init" if (out / "init" / "config.json").exists() else shared_init(out / "init", [*ENVS.values()],
+                                                                                       SMALL, episodes=300)
     specialists = {}
     for env, config in ENVS.items():
         run = out / f"sft-{env}"
@@ -160,32 +167,13 @@ def bench_rl(out: Path, seeds: list[int], episodes: int, iterations: int, recipe
     return rows
 
 
-def tool_init(out: Path) -> Path:
-    """A scratch policy (the recipes' shape) whose BPE tokenizer is trained on both tool tasks' text."""
-    from arborl.config import load_config
-    from arborl.policy import build_model, save_policy, train_tokenizer
-    from arborl.train.common import env_factory
-    from arborl.train.config import TrainConfig
-    from arborl.train.stages import _corpus
-
-    texts, words, shapes = [], [], set()
-    for config in TOOLS.values():
-        cfg = load_config(TrainConfig, ROOT / config, TOOL_SET)
-        t, w = _corpus(env_factory(cfg.env), cfg.policy.tokenizer_episodes, cfg.env.train_seed_start, cfg.seed)
-        texts += t
-        words += w
-        shapes.add(repr(cfg.policy.model))
-    if len(shapes) != 1:
-        raise SystemExit(f"the tool recipes' policy.model differ, so their models cannot be merged: {shapes}")
-    tok = train_tokenizer(texts + words, extra_words=words, kind="bpe", vocab_size=3000)
-    return save_policy(build_model(cfg.policy.model, tok, seed=0), tok, out)
-
-
 def bench_toolmerge(out: Path, sft_steps: int, synth_each: int, extra: list[str]) -> dict:
     """``extra``: settings appended to every command (e.g. a smaller eval.episodes or rl.iterations)."""
     from arborl.store import open_store
 
-    init = out / "init" if (out / "init" / "config.json").exists() else tool_init(out / "init")
+    init = out / "init"
+    if not (init / "config.json").exists():  # a BPE over both tasks' text, as the search recipe's own tokenizer
+        shared_init(init, [*TOOLS.values()], TOOL_SET, kind="bpe", vocab_size=3000)
     tool_set = [*TOOL_SET, *extra]
     common = [f'policy.init="{init}"', *tool_set]
     synth = {t: out / f"synth-{t}" for t in TOOLS}

@@ -197,17 +197,11 @@ class _SearchTask:
         results = [r.split() for _, r in _searches(env)]
         roll = rng.random()
         if roll < 0.6:
-            words = q.question.rstrip("?").split()
-            k = rng.randint(1, min(4, len(words)))
-            start = rng.randrange(len(words) - k + 1)
-            query = " ".join(words[start:start + k]) if rng.random() < 0.6 or not self._title_list \
-                else rng.choice(self._title_list)
+            run = _run_of(q.question.rstrip("?").split(), 4, rng)
+            query = run if rng.random() < 0.6 or not self._title_list else rng.choice(self._title_list)
             return self._written(env, f"<search>{query}</search>")
         if results and results[-1] and rng.random() < 0.5:
-            words = results[-1]
-            k = rng.randint(1, min(3, len(words)))
-            start = rng.randrange(len(words) - k + 1)
-            answer = " ".join(words[start:start + k])
+            answer = _run_of(results[-1], 3, rng)
         else:
             answer = rng.choice(self._title_list) if self._title_list else q.question.split()[-1]
         return self._written(env, f"<answer>{answer}</answer>")
@@ -300,6 +294,13 @@ def search_r1_env(
     if spaced_text:
         env.vocabulary = _vocabulary(corpus, qa, corpus_seed, test_frac, n_questions, filler)  # type: ignore[attr-defined]
     return env
+
+
+def _run_of(words: list[str], most: int, rng: random.Random) -> str:
+    """1 to ``most`` consecutive words of ``words``, at a random place."""
+    k = rng.randint(1, min(most, len(words)))
+    start = rng.randrange(len(words) - k + 1)
+    return " ".join(words[start:start + k])
 
 
 def _same(text: str) -> str:
