@@ -6,7 +6,7 @@ two (linear 0.5/0.5, task arithmetic with weights 1/1 and TIES at density 0.5 on
 init); every source and merge is evaluated greedily on both envs' held-out tasks. Prints each
 merge's score on each env as a fraction of that env's specialist.
 
-``midtrain``: a recipe (``--recipe frozenlake``, or ``code``: the code agent, a tool recipe),
+``midtrain``: a recipe (``--recipe frozenlake``, or a tool recipe: ``code``, ``search``, ``finqa``),
 ``synth -> sft`` against ``synth -> midtrain -> sft`` at equal forward tokens (the mid-training
 steps replace SFT steps of the same token count), each seed's held-out success after each stage.
 
@@ -19,7 +19,7 @@ stage); then merges of the two RL models (linear 0.5/0.5, task arithmetic and TI
 DARE); the base, both specialists and every merge evaluated greedily on both tasks' held-out
 questions. Prints what each merge keeps of each specialist's score on its own task.
 
-Usage: ``python bench/midtrain_merge.py merge|midtrain|rl|toolmerge --out DIR [--recipe frozenlake|code] [--seeds 0,1] [--eval 128]``
+Usage: ``python bench/midtrain_merge.py merge|midtrain|rl|toolmerge --out DIR [--recipe frozenlake|code|search|finqa] [--seeds 0,1] [--eval 128]``
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ TOOL_SET = ["threads=1", "report_to=[]", "sft.eval_every=0"]  # the tool recipes
 RECIPES = {  # midtrain / rl modes: the config, settings of every stage, settings of the RL stage
     "frozenlake": (ENVS["frozenlake"], ["synth.episodes=600", *SMALL], ["rl.tasks_per_iter=8"]),
     "code": ("examples/code_agent.toml", TOOL_SET, []),
+    "search": (TOOLS["search"], TOOL_SET, []),
+    "finqa": (TOOLS["finqa"], TOOL_SET, []),
 }
 
 

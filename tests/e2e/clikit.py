@@ -1,6 +1,7 @@
 """Running the real ``arborl`` CLI on a tiny budget (shared by the e2e tests)."""
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,15 @@ def cli_env(**extra: str) -> dict[str, str]:
     env = {"ARBORL_PROGRESS": "0", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": os.environ.get("HOME", "/tmp")}
     env.update(extra)
     return env
+
+
+def ctrl_c_reaches_it() -> None:
+    """``preexec_fn`` of a CLI subprocess that a test stops with SIGINT: default SIGINT handling.
+
+    A suite started in the background by a non-interactive shell inherits SIGINT ignored, and a
+    Python started that way never raises ``KeyboardInterrupt``: the signal would be lost.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def arborl(*args: str, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

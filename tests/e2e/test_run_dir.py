@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from clikit import ROOT, arborl, cli_env, sets
+from clikit import ROOT, arborl, cli_env, ctrl_c_reaches_it, sets
 from safetensors.torch import load_file
 
 CFG = "examples/frozenlake.toml"
@@ -83,7 +83,8 @@ def test_ctrl_c_stops_at_an_iteration_and_resume_continues_exactly(tmp_path):
     base = ['stages=["synth","sft","rl"]', "rl.eval_every=0", "rl.checkpoint_every=1000", "rl.warmup_iters=0",
             'rl.lr_schedule="constant"']
     proc = subprocess.Popen([sys.executable, "-m", "arborl.cli", "train", CFG, *sets(run, [*base, "rl.iterations=500"])],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(), cwd=ROOT)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(), cwd=ROOT,
+                            preexec_fn=ctrl_c_reaches_it)
     _wait_for_rl_rows(run, proc, 2)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
@@ -116,7 +117,8 @@ def test_ctrl_c_in_sft_keeps_synth_and_resume_redoes_only_sft(tmp_path):
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "arborl.cli", "train", CFG, *sets(run, ['stages=["synth","sft"]', "sft.steps=100000",
                                                                         "sft.eval_every=0"])]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(), cwd=ROOT)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(), cwd=ROOT,
+                            preexec_fn=ctrl_c_reaches_it)
     t0 = time.time()
     while not ((run / "metrics.jsonl").exists() and steps(run, "sft")):
         assert proc.poll() is None and time.time() - t0 < 120, proc.communicate()

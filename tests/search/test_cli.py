@@ -14,12 +14,14 @@ import urllib.request
 import pytest
 
 from arborl.search.corpus import write_dataset
+from tests.e2e.clikit import ctrl_c_reaches_it
 from tests.search.conftest import SMALL, free_port
 
 
 def arborl(*args: str, **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "arborl.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, **kw)
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=ctrl_c_reaches_it, **kw)
 
 
 @pytest.mark.parametrize(("method", "sig", "code", "last"), [
