@@ -121,7 +121,10 @@ def bench_merge(out: Path, episodes: int) -> dict:
 
 
 def bench_midtrain(out: Path, seeds: list[int], episodes: int, sft_steps: int, replaced: int,
-                   recipe: str = "frozenlake", mid_synth: int = 1200) -> dict:
+                   recipe: str = "frozenlake", mid_synth: int = 1200, control: bool = False) -> dict:
+    """Arm A (``sft-only``) against arm B (``midtrain``), and with ``control`` arm C (``sft-short``):
+    SFT alone with B's SFT steps, which separates what mid-training adds from what B's shorter SFT
+    schedule does. An arm whose run already holds its SFT evaluation is read back, not rerun."""
     from arborl.config import load_config
     from arborl.store import open_store
     from arborl.train.config import TrainConfig
@@ -133,24 +136,39 @@ def bench_midtrain(out: Path, seeds: list[int], episodes: int, sft_steps: int, r
     for seed in seeds:
         base = [f"seed={seed}", f"eval.episodes={episodes}", *settings]
         a = out / f"sft-only-{seed}"
-        cli("train", config, *sets([f'run_dir="{a}"', 'stages=["synth", "sft", "eval"]',
-                                    f"sft.steps={sft_steps}", *base]))
+        if not _has_sft_eval(a):
+            cli("train", config, *sets([f'run_dir="{a}"', 'stages=["synth", "sft", "eval"]',
+                                        f"sft.steps={sft_steps}", *base]))
         with open_store(f"sqlite:///{a}/trajectories.db") as store:
             lengths = [len(linearize(e).input_ids) for e in store.iter_episodes(source="synth")]
         per_sft_step = batch * sum(lengths) / len(lengths)  # forward tokens of one SFT step (no padding counted)
         rows_per_step, seq_len = 4, 512
         mid_steps = max(1, round(replaced * per_sft_step / (rows_per_step * seq_len)))
         b = out / f"midtrain-{seed}"
-        cli("train", config, *sets([f'run_dir="{b}"', 'stages=["synth", "midtrain", "sft", "eval"]',
-                                    f"sft.steps={sft_steps - replaced}", f"midtrain.steps={mid_steps}",
-                                    f"midtrain.seq_len={seq_len}", f"midtrain.batch_size={rows_per_step}",
-                                    f"midtrain.synth_episodes={mid_synth}", "midtrain.warmup_steps=5", *base]))
+        if not _has_sft_eval(b):
+            cli("train", config, *sets([f'run_dir="{b}"', 'stages=["synth", "midtrain", "sft", "eval"]',
+                                        f"sft.steps={sft_steps - replaced}", f"midtrain.steps={mid_steps}",
+                                        f"midtrain.seq_len={seq_len}", f"midtrain.batch_size={rows_per_step}",
+                                        f"midtrain.synth_episodes={mid_synth}", "midtrain.warmup_steps=5", *base]))
         sa, sb = (json.loads((r / "summary.json").read_text()) for r in (a, b))
         rows[seed] = {"sft_only": {"sft": sa["sft"]["success"], "sft_tokens": round(sft_steps * per_sft_step)},
                       "midtrain_sft": {"midtrain": sb["midtrain"]["success"], "sft": sb["sft"]["success"],
                                        "midtrain_steps": mid_steps, "sft_steps": sft_steps - replaced,
                                        "tokens": round((sft_steps - replaced) * per_sft_step + sb["midtrain_tokens"])}}
+        if control:
+            c = out / f"sft-short-{seed}"
+            if not _has_sft_eval(c):
+                cli("train", config, *sets([f'run_dir="{c}"', 'stages=["synth", "sft", "eval"]',
+                                            f"sft.steps={sft_steps - replaced}", *base]))
+            rows[seed]["sft_short"] = {"sft": json.loads((c / "summary.json").read_text())["sft"]["success"],
+                                       "sft_steps": sft_steps - replaced}
     return rows
+
+
+def _has_sft_eval(run: Path) -> bool:
+    """Whether ``run`` finished an ``eval`` of its SFT policy (so a rerun of the bench reads it back)."""
+    summary = run / "summary.json"
+    return summary.exists() and "sft" in json.loads(summary.read_text())
 
 
 def bench_rl(out: Path, seeds: list[int], episodes: int, iterations: int, recipe: str = "frozenlake") -> dict:
@@ -227,6 +245,8 @@ def main() -> None:
     p.add_argument("--rl-iterations", type=int, default=15, help="rl: RL iterations on top of each midtrain arm")
     p.add_argument("--recipe", choices=sorted(RECIPES), default="frozenlake", help="midtrain / rl: the recipe")
     p.add_argument("--mid-synth", type=int, default=1200, help="midtrain: noisy-expert episodes for mid-training")
+    p.add_argument("--control", action="store_true",
+                   help="midtrain: also SFT alone with the mid-trained arm's SFT steps (sft-short-SEED)")
     p.add_argument("--synth-each", type=int, default=9000, help="toolmerge: teacher episodes per tool task")
     p.add_argument("--joint-sft-steps", type=int, default=5000, help="toolmerge: steps of the joint SFT (batch 16)")
     p.add_argument("--set", action="append", default=[], dest="extra", metavar="KEY=VALUE",
@@ -242,7 +262,7 @@ def main() -> None:
         result = bench_rl(out, [int(s) for s in args.seeds.split(",")], args.eval, args.rl_iterations, args.recipe)
     else:
         result = bench_midtrain(out, [int(s) for s in args.seeds.split(",")], args.eval, args.sft_steps, args.replaced,
-                                args.recipe, args.mid_synth)
+                                args.recipe, args.mid_synth, args.control)
     (out / f"{args.what}.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
 
