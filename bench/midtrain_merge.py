@@ -172,15 +172,21 @@ def _has_sft_eval(run: Path) -> bool:
 
 
 def bench_rl(out: Path, seeds: list[int], episodes: int, iterations: int, recipe: str = "frozenlake") -> dict:
-    """RL on top of both arms of ``midtrain`` (run first), the same RL budget for each."""
+    """RL on top of each arm of ``midtrain`` (run first; its control arm too when it ran), the same RL budget for each.
+
+    An arm whose run already holds its RL evaluation is read back, not rerun.
+    """
     config, settings, rl = RECIPES[recipe]
     rows: dict = {}
     for seed in seeds:
-        for arm in ("sft-only", "midtrain"):
+        for arm in ("sft-only", "midtrain", "sft-short"):
             run = out / f"{arm}-{seed}"
-            cli("train", config, *sets([
-                f'run_dir="{run}"', 'stages=["rl", "eval"]', f"seed={seed}", f"eval.episodes={episodes}",
-                f"rl.iterations={iterations}", *rl, "rl.eval_every=0", "rl.checkpoint_every=0", *settings]))
+            if not (run / "summary.json").exists():
+                continue  # the control arm was not run
+            if "rl" not in json.loads((run / "summary.json").read_text()):
+                cli("train", config, *sets([
+                    f'run_dir="{run}"', 'stages=["rl", "eval"]', f"seed={seed}", f"eval.episodes={episodes}",
+                    f"rl.iterations={iterations}", *rl, "rl.eval_every=0", "rl.checkpoint_every=0", *settings]))
             s = json.loads((run / "summary.json").read_text())
             rows.setdefault(seed, {})[arm] = {k: s[k]["success"] for k in ("midtrain", "sft", "rl") if k in s}
             rows[seed][arm]["rl_tokens"] = s["tokens"]
