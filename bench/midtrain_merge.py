@@ -181,13 +181,14 @@ def bench_rl(out: Path, seeds: list[int], episodes: int, iterations: int, recipe
     for seed in seeds:
         for arm in ("sft-only", "midtrain", "sft-short"):
             run = out / f"{arm}-{seed}"
-            if not (run / "summary.json").exists():
+            summary = run / "summary.json"
+            if not summary.exists():
                 continue  # the control arm was not run
-            if "rl" not in json.loads((run / "summary.json").read_text()):
+            if "rl" not in json.loads(summary.read_text()):
                 cli("train", config, *sets([
                     f'run_dir="{run}"', 'stages=["rl", "eval"]', f"seed={seed}", f"eval.episodes={episodes}",
                     f"rl.iterations={iterations}", *rl, "rl.eval_every=0", "rl.checkpoint_every=0", *settings]))
-            s = json.loads((run / "summary.json").read_text())
+            s = json.loads(summary.read_text())
             rows.setdefault(seed, {})[arm] = {k: s[k]["success"] for k in ("midtrain", "sft", "rl") if k in s}
             rows[seed][arm]["rl_tokens"] = s["tokens"]
     return rows
