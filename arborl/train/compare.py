@@ -1,7 +1,8 @@
 """``arborl compare``: credit methods side by side on one env, with equal budgets in environment steps.
 
     arborl compare CONFIG.toml --methods grpo,gigpo,best_step,sft_more --seeds 3 \\
-        [--budget-env-steps N] [--jobs J] [--out DIR] [--resume] [--set key=value ...]
+        [--budget-env-steps N] [--jobs J] [--out DIR] [--resume] [--set key=value ...] \\
+        [--method-set METHOD:key=value ...]
 
 A *method* is a name of :data:`arborl.cli.COMPARE_METHODS` (an ``rl.credit`` estimator plus the
 settings it needs, e.g. ``best_step`` turns branch rollouts on), or any other ``rl.credit`` name
@@ -27,7 +28,9 @@ others go on. ``--resume`` skips the runs that finished and resumes the others (
 --resume``).
 
 Settings are applied in this order, later ones winning: the config file, ``--set``, the method's
-preset, then what the compare itself sets (``run_dir``, ``seed``, ``stages``, ``store``,
+preset, ``--method-set`` of that method (a hyperparameter tuned per method, e.g. ``best_step:rl.lr=5e-4``:
+the table then compares each method at its own setting; compare.json keeps them under
+``method_sets``), then what the compare itself sets (``run_dir``, ``seed``, ``stages``, ``store``,
 ``policy.init``, ``rl.iterations``, ``rl.max_env_steps``, ``sft.steps``).
 """
 
@@ -441,6 +444,33 @@ class CompareArgs:
     out: str = ""
     resume: bool = False
     sets: tuple[str, ...] = ()
+    method_sets: tuple[str, ...] = ()
+    """``METHOD:key=value`` overrides for one method's RL runs (after its preset)."""
+
+    def per_method(self) -> dict[str, list[str]]:
+        """``method_sets`` grouped by method: ``{"best_step": ["rl.lr=5e-4"]}``.
+
+        Raises:
+            ConfigError: an entry is not ``METHOD:key=value``, or names a method not in ``methods``.
+        """
+        from arborl.config import ConfigError, parse_override
+
+        out: dict[str, list[str]] = {}
+        for text in self.method_sets:
+            method, sep, kv = text.partition(":")
+            method = method.strip()
+            if not sep or not method:
+                raise ConfigError(f"--method-set {text!r} names no method; write it as METHOD:key=value, "
+                                  "e.g. best_step:rl.lr=5e-4")
+            if method not in self.methods:
+                raise ConfigError(f"--method-set {text!r}: {method!r} is not one of --methods "
+                                  f"({', '.join(self.methods)}); add it there or fix the name")
+            if method == SFT_MORE:
+                raise ConfigError(f"--method-set {text!r}: sft_more takes no settings of its own (its steps "
+                                  "follow the RL runs' wall time); use --set for every run")
+            parse_override(kv)  # a malformed key=value fails here, before any run
+            out.setdefault(method, []).append(kv.strip())
+        return out
 
     def check(self) -> None:
         """Refuse (ConfigError, with the fix) a request that cannot run."""
@@ -451,6 +481,7 @@ class CompareArgs:
         for name, v in (("--seeds", self.seeds), ("--budget-env-steps", self.budget), ("--jobs", self.jobs)):
             if v < 1:
                 raise ConfigError(f"{name} is {v}; it must be >= 1")
+        self.per_method()
         out = Path(self.out)
         if not self.resume and out.is_dir() and any(p.is_dir() for p in out.iterdir()):
             raise ConfigError(f"--out {self.out!r} already holds runs of an earlier compare; pass --resume to "
@@ -463,7 +494,7 @@ def run_compare(args: CompareArgs, console=None) -> dict[str, Any]:
     Returns:
         The content of compare.json: the request, one row per method and one result per run.
     """
-    from arborl.config import ConfigError, load_config
+    from arborl.config import ConfigError, load_config, parse_override
     from arborl.train.config import TrainConfig
 
     args.check()
@@ -472,9 +503,10 @@ def run_compare(args: CompareArgs, console=None) -> dict[str, Any]:
     out = Path(args.out)
     presets: dict[str, dict[str, Any]] = {}
     unknown: dict[str, str] = {}
+    method_sets = args.per_method()
     for m in args.methods:
         try:
-            presets[m] = resolve_method(m)
+            presets[m] = {**resolve_method(m), **{".".join(k): v for k, v in map(parse_override, method_sets.get(m, []))}}
         except ConfigError as e:
             unknown[m] = str(e)
             say(f"{m}: {e}")
@@ -488,7 +520,8 @@ def run_compare(args: CompareArgs, console=None) -> dict[str, Any]:
     results = [run_result(r, by_seed[r.seed]) for r in rl_runs + more]
     results += [{"method": m, "seed": s, "run_dir": None, "error": e} for m, e in unknown.items() for s in range(args.seeds)]
     rows = [method_row(m, [r for r in results if r["method"] == m]) for m in args.methods]
-    report = {"config": args.config, "sets": list(args.sets), "methods": list(args.methods), "seeds": args.seeds,
+    report = {"config": args.config, "sets": list(args.sets), "method_sets": method_sets,
+              "methods": list(args.methods), "seeds": args.seeds,
               "budget_env_steps": args.budget, "out": str(out),
               "sft": [run_result_sft(r) for r in sft_runs], "rows": rows, "runs": results}
     _write(report, out, console)
@@ -520,7 +553,7 @@ def _compare(args: argparse.Namespace) -> int:
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     out = args.out or f"runs/compare-{Path(args.config).stem}"
     req = CompareArgs(args.config, methods, args.seeds, args.budget_env_steps, args.jobs, out, args.resume,
-                      tuple(args.set or ()))
+                      tuple(args.set or ()), tuple(args.method_set or ()))
     report = run_compare(req, console=Console())
     return 1 if any(r["error"] for r in report["rows"]) else 0
 
@@ -540,4 +573,7 @@ def add_compare_command(sub: Any) -> None:
     p.add_argument("--out", default="", help="output folder (default runs/compare-<config name>)")
     p.add_argument("--resume", action="store_true", help="skip finished runs, resume interrupted ones")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value for every run")
+    p.add_argument("--method-set", action="append", metavar="METHOD:KEY=VALUE",
+                   help="override a config value for one method's RL runs, after its preset "
+                        "(e.g. best_step:rl.lr=5e-4)")
     p.set_defaults(func=_compare)

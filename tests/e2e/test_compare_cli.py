@@ -26,7 +26,7 @@ def _summary(path):
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     out = tmp_path_factory.mktemp("compare")
-    p = _compare(out)
+    p = _compare(out, "--method-set", "best_step:rl.lr=5e-4")
     return out, p
 
 
@@ -71,10 +71,26 @@ def test_each_run_stops_when_its_env_step_budget_is_spent(compared):
         assert _config_iterations(out / f"{method}-s0") == max(1, math.ceil(BUDGET / steps))
 
 
-def _config_iterations(run):
+def _config(run):
     import tomllib
 
-    return tomllib.loads((run / "config.toml").read_text())["rl"]["iterations"]
+    return tomllib.loads((run / "config.toml").read_text())
+
+
+def _config_iterations(run):
+    return _config(run)["rl"]["iterations"]
+
+
+@pytest.mark.slow
+def test_a_method_set_reaches_that_method_s_runs_only(compared):
+    out, _ = compared
+    base = _config(out / "sft-s0")["rl"]["lr"]
+    assert base != 5e-4
+    for s in (0, 1):
+        assert _config(out / f"best_step-s{s}")["rl"]["lr"] == 5e-4
+        assert _config(out / f"grpo-s{s}")["rl"]["lr"] == base
+    report = json.loads((out / "compare.json").read_text())
+    assert report["method_sets"] == {"best_step": ["rl.lr=5e-4"]}
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """arborl compare's pieces: budget translation, aggregation, curves, tables, and the method presets."""
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ from arborl import cli
 from arborl.config import ConfigError, load_config
 from arborl.train.compare import (
     SFT_MORE,
+    CompareArgs,
     aggregate,
     area_under_curve,
     env_steps_per_iteration,
@@ -112,3 +114,21 @@ def test_every_preset_is_a_valid_config_of_both_examples(method):
     for example in ("frozenlake.toml", "sokoban.toml"):
         cfg = load_config(TrainConfig, EXAMPLES / example, sets)
         assert cfg.rl.credit == cli.COMPARE_METHODS[method]["rl.credit"]
+
+
+def test_method_sets_group_by_method_in_order():
+    args = CompareArgs("c.toml", ("grpo", "best_step"), 1,
+                       method_sets=("best_step:rl.lr=5e-4", "grpo:rl.kl_coef=0", "best_step: rl.branch_states=2"))
+    assert args.per_method() == {"best_step": ["rl.lr=5e-4", "rl.branch_states=2"], "grpo": ["rl.kl_coef=0"]}
+
+
+@pytest.mark.parametrize("entry, says", [
+    ("rl.lr=5e-4", "names no method; write it as METHOD:key=value"),
+    ("gigpo:rl.lr=5e-4", "'gigpo' is not one of --methods (grpo, sft_more)"),
+    ("sft_more:sft.steps=9", "sft_more takes no settings of its own"),
+    ("grpo:rl.lr", "has no '='"),
+])
+def test_a_bad_method_set_is_refused_before_any_run(entry, says, tmp_path):
+    args = CompareArgs("c.toml", ("grpo", SFT_MORE), 1, out=str(tmp_path), method_sets=(entry,))
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        args.check()
