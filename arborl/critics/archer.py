@@ -118,7 +118,7 @@ class ArcherCritic:
     def fit(self, ctx: CreditContext) -> dict[str, float]:
         """Add this iteration to the replay, then ``rl.critic_epochs`` TD steps with a soft target update after each."""
         rc = self.rc
-        self.replay.append([(ep.episode_id, len(ep.path())) for ep in ctx.episodes if ep.source == "rl"])
+        self.replay.append([(ctx.stored_id(ep.episode_id), len(ep.path())) for ep in ctx.episodes if ep.source == "rl"])
         self.replay = self.replay[-rc.archer_replay_iters:]
         h_s, h_a, _ = self._turn_features(ctx.policy, [ep.path() for ep in ctx.episodes])
         sums: dict[str, float] = {}

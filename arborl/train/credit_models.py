@@ -52,6 +52,15 @@ class CreditContext:
     tok: Any
     store: Any
 
+    def stored_id(self, episode_id: str) -> str:
+        """The id under which the store holds this iteration's episode ``episode_id``.
+
+        Identical episodes are stored once, so a duplicate's own id names nothing in the store; a
+        model that keeps ids to read back later (a replay buffer) keeps this one.
+        """
+        resolve = getattr(self.store, "stored_id", None)  # the background writer's reader; a plain store's ids are stored ones
+        return resolve(episode_id) if resolve is not None else episode_id
+
 
 class CreditModel(Protocol):
     """A model that an estimator needs, trained by the RL loop alongside the policy."""

@@ -9,6 +9,12 @@ The queue is bounded (``max_pending`` batches): a store slower than the trainer 
 :meth:`BackgroundWriter.put` wait instead of piling up episodes in memory. A write that failed is
 raised by the next :meth:`~BackgroundWriter.put` or :meth:`~BackgroundWriter.flush` (at the latest
 when the run ends), so a broken store stops the run one iteration later instead of at once.
+
+The store keeps one copy of identical episodes (same content hash): a group's two identical
+rollouts are stored under the first one's id, so the second one's id, which the trainer holds in
+memory, names nothing in the store. The writer records each such id with the id it was stored
+under, and :func:`readable` reads by either (the synchronous path trains on the read-back
+episodes, whose ids are the stored ones already).
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ class BackgroundWriter:
             raise ValueError(f"max_pending is {max_pending}; use at least 1")
         self.store = store
         self.written = 0
+        self.aliases: dict[str, str] = {}
+        """Submitted episode id -> the stored id, for an episode the store kept one copy of (a duplicate)."""
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_pending)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="arborl-store-writer", daemon=True)
@@ -84,7 +92,9 @@ class BackgroundWriter:
                 if batch is _STOP:
                     return
                 if self._error is None:  # after a failure, later batches are dropped, not half-written
-                    self.store.put_many(batch)
+                    ids = self.store.put_many(batch)
+                    self.aliases.update((e.episode_id, sid) for e, sid in zip(batch, ids, strict=True)
+                                        if e.episode_id != sid)
                     self.written += len(batch)
             except BaseException as exc:  # surfaced by the next put() / flush()
                 self._error = exc
@@ -111,16 +121,42 @@ def flush(sink: Any) -> None:
 
 
 class _FlushingReader:
-    """The store behind a :class:`BackgroundWriter`; the queued writes land before the first read."""
+    """The store behind a :class:`BackgroundWriter`; the queued writes land before the first read.
+
+    A read by episode id also takes the id of a duplicate the store did not keep (the stored copy
+    is returned, under its own id).
+    """
 
     def __init__(self, writer: BackgroundWriter) -> None:
         self._writer, self._flushed = writer, False
 
-    def __getattr__(self, name: str) -> Any:
+    def _store(self) -> Any:
         if not self._flushed:
             self._writer.flush()
             self._flushed = True
-        return getattr(self._writer.store, name)
+        return self._writer.store
+
+    def stored_id(self, episode_id: str) -> str:
+        """The id the store holds ``episode_id``'s content under (itself unless it was a duplicate)."""
+        self._store()
+        return self._writer.aliases.get(episode_id, episode_id)
+
+    _id = stored_id
+
+    def get(self, episode_id: str) -> Episode:
+        return self._store().get(self._id(episode_id))
+
+    def get_many(self, episode_ids: Sequence[str]) -> list[Episode]:
+        return self._store().get_many([self._id(e) for e in episode_ids])
+
+    def index_row(self, episode_id: str) -> Any:
+        return self._store().index_row(self._id(episode_id))
+
+    def slice(self, episode_id: str, start: int = 0, stop: int | None = None) -> list[Any]:
+        return self._store().slice(self._id(episode_id), start, stop)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store(), name)
 
 
 def readable(sink: Any) -> Any:

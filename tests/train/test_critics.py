@@ -204,3 +204,30 @@ def test_archer_fit_learns_keeps_a_bounded_replay_and_restores_exactly(policy, r
                                "rl.archer_replay_iters=2", "rl.critic_minibatch=16", "seed=3"), *policy)
     twin.load_state_dict(saved(critic.state_dict()))
     assert critic.fit(ctx) == twin.fit(ctx)
+
+
+def test_archer_replays_a_duplicate_rollout_written_in_the_background(policy, tmp_path):
+    """Two identical rollouts in one group: the store keeps one copy, under the first one's id.
+
+    The trainer holds both in memory (rl.async_store), so the replay must keep the stored id:
+    the second one's own id names nothing in the store.
+    """
+    from arborl.train.writer import BackgroundWriter, readable
+    from arborl.trajectory.canonical import content_hash
+
+    model, tok = policy
+    cfg = config("rl.credit=archer", "rl.critic_minibatch=16")
+    critic = ArcherCritic(cfg, model, tok)
+    first = two_turn_episode(tok, "terminated")
+    twin = Episode.from_dict({**first.to_dict(), "episode_id": "twin-of-first"})
+    assert twin.episode_id != first.episode_id and content_hash(twin) == content_hash(first)
+    with SQLiteStore(tmp_path / "s.db") as store:
+        with BackgroundWriter(store) as writer:
+            writer.put([first, twin])
+            ctx = context(cfg, policy, [first, twin], readable(writer))
+            metrics = critic.fit(ctx)  # before: EpisodeNotFound('twin-of-first')
+            assert writer.aliases == {"twin-of-first": first.episode_id}
+            assert ctx.store.slice("twin-of-first") == store.slice(first.episode_id)
+        assert store.count() == 1
+    assert critic.replay[-1] == [(first.episode_id, 2), (first.episode_id, 2)]
+    assert metrics["critic/replay_turns"] == 4.0
