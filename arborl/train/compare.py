@@ -24,7 +24,9 @@ the median RL run's wall time (at the SFT run's measured seconds per step), eval
 Outputs in ``OUT``: ``compare.json``, ``compare.md``, ``compare.png`` (every method's success
 curve over env steps, mean and band of one std over seeds); the table is printed too. A run that
 fails (its last error line) or diverges (a non-finite loss) gets its row with the error, and the
-others go on. ``--resume`` skips the runs that finished and resumes the others (``arborl train
+others go on. A run that finishes but *collapses* (final held-out success under
+:data:`COLLAPSE_FRACTION` of its SFT start: a policy driven off the answer format, or into a loop)
+keeps its numbers, and the error column says so with what its last iterations looked like. ``--resume`` skips the runs that finished and resumes the others (``arborl train
 --resume``).
 
 Settings are applied in this order, later ones winning: the config file, ``--set``, the method's
@@ -169,6 +171,29 @@ def _diverged(run: Run) -> str | None:
     return None
 
 
+COLLAPSE_FRACTION = 0.5
+"""A finished RL run whose final success is under this fraction of its SFT start is noted as collapsed."""
+
+
+def collapse_note(start: float | None, final: float | None, rl_rows: Sequence[dict[str, Any]], last: int = 5) -> str | None:
+    """Why a finished RL run looks collapsed (None when it kept at least half its start).
+
+    The note names the drop and the last ``last`` iterations' invalid-action fraction and policy
+    entropy, which tell a policy off the format (invalid actions, entropy up) from one that turned
+    deterministic and wanders (entropy near 0).
+    """
+    if start is None or final is None or start <= 0 or final >= COLLAPSE_FRACTION * start:
+        return None
+    tail = [r for r in rl_rows if "train/invalid_frac" in r][-last:]
+    note = f"collapsed: success {start:.3f} -> {final:.3f}"
+    if tail:
+        inv = statistics.fmean(r["train/invalid_frac"] for r in tail)
+        ent = [r["loss/entropy"] for r in tail if "loss/entropy" in r]
+        note += f"; last {len(tail)} iterations: {inv:.0%} invalid actions"
+        note += f", entropy {statistics.fmean(ent):.2f} nats/token" if ent else ""
+    return note
+
+
 def _last_error_line(log: Path, rc: int) -> str:
     lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.exists() else []
     return f"exit {rc}: {lines[-1] if lines else 'no output'}"
@@ -304,7 +329,8 @@ def run_result(run: Run, sft_run: Run | None) -> dict[str, Any]:
     out.update(success=s["rl"]["success"], points=points, auc=area_under_curve(points),
                wall_s=sft_run.summary["stage_s"]["sft"] + s["stage_s"]["rl"], tokens=s["tokens"],
                env_steps=s["env_steps"], iterations=rl_rows[-1]["step"] if rl_rows else 0,
-               no_signal_frac=no_signal_fraction(run.path))
+               no_signal_frac=no_signal_fraction(run.path),
+               note=collapse_note(sft_run.summary["sft"]["success"], s["rl"]["success"], rl_rows))
     return out
 
 
@@ -321,8 +347,9 @@ def method_row(method: str, results: list[dict[str, Any]]) -> dict[str, Any]:
     errors = [r["error"] for r in results if r["error"] is not None]
     if errors and len(set(errors)) == 1 and not ok:
         row["error"] = errors[0]  # the same cause for every seed (an unknown method): said once
-    else:
-        row["error"] = "; ".join(f"seed {r['seed']}: {r['error']}" for r in results if r["error"] is not None) or None
+    else:  # failures, then collapses (a collapsed seed's numbers stay in the row)
+        said = [(r["seed"], r["error"] or r.get("note")) for r in results if r["error"] or r.get("note")]
+        row["error"] = "; ".join(f"seed {seed}: {why}" for seed, why in said) or None
     return row
 
 
@@ -346,7 +373,8 @@ LEGEND = (
     "spanned; the curve is the SFT start, the probes, then the final evaluation); wall s: training seconds from "
     "scratch (the seed's SFT + RL, or sft_more's SFT); tokens: model tokens trained on in RL; no-signal: fraction "
     "of RL groups whose members all succeeded or all failed; env steps, iters: RL rollout turns (branches "
-    "included) and iterations run; means over seeds."
+    "included) and iterations run; means over seeds; error: a failed run's last error line, or a collapsed run's "
+    "note (final success under half its SFT start; its numbers stay in the row)."
 )
 """What the columns mean (printed under the Markdown table)."""
 
@@ -555,7 +583,7 @@ def _compare(args: argparse.Namespace) -> int:
     req = CompareArgs(args.config, methods, args.seeds, args.budget_env_steps, args.jobs, out, args.resume,
                       tuple(args.set or ()), tuple(args.method_set or ()))
     report = run_compare(req, console=Console())
-    return 1 if any(r["error"] for r in report["rows"]) else 0
+    return 1 if any(r["seeds_ok"] < len(r["seeds"]) for r in report["rows"]) else 0  # a collapse is no failure
 
 
 def add_compare_command(sub: Any) -> None:

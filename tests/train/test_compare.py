@@ -13,6 +13,7 @@ from arborl.train.compare import (
     CompareArgs,
     aggregate,
     area_under_curve,
+    collapse_note,
     env_steps_per_iteration,
     iterations_for,
     markdown_table,
@@ -90,6 +91,24 @@ def test_method_row_of_a_method_that_never_ran_says_its_error_once():
     row = method_row("x", [{"method": "x", "seed": s, "error": err} for s in range(3)])
     assert row["error"] == err
     assert row["seeds_ok"] == 0 and row["success"] is None
+
+
+def test_a_run_under_half_its_start_is_noted_collapsed_with_its_last_iterations():
+    rows = [{"step": i, "train/invalid_frac": 0.0 if i < 3 else 1.0, "loss/entropy": 0.2 if i < 3 else 3.0}
+            for i in range(1, 9)]
+    # the last 5 iterations (4-8): every action invalid, entropy 3.0
+    assert collapse_note(0.8, 0.0, rows) == "collapsed: success 0.800 -> 0.000; last 5 iterations: 100% invalid actions, entropy 3.00 nats/token"
+    assert collapse_note(0.8, 0.4, rows) is None  # exactly half: kept
+    assert collapse_note(0.8, 0.399, []) == "collapsed: success 0.800 -> 0.399"
+    assert collapse_note(0.0, 0.0, rows) is None and collapse_note(None, 0.1, rows) is None  # no start to fall from
+    assert collapse_note(0.8, None, rows) is None
+
+
+def test_a_collapsed_seed_keeps_its_numbers_and_says_why():
+    bad = {**_result("archer", 1, 0.0), "note": "collapsed: success 0.783 -> 0.000"}
+    row = method_row("archer", [_result("archer", 0, 0.6), bad, _result("archer", 2, None, error="exit 1: boom")])
+    assert row["seeds_ok"] == 2 and row["success"]["mean"] == pytest.approx(0.3)
+    assert row["error"] == "seed 1: collapsed: success 0.783 -> 0.000; seed 2: exit 1: boom"
 
 
 def test_presets_resolve_to_the_settings_each_method_needs():
