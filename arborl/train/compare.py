@@ -26,8 +26,8 @@ curve over env steps, mean and band of one std over seeds); the table is printed
 fails (its last error line) or diverges (a non-finite loss) gets its row with the error, and the
 others go on. A run that finishes but *collapses* (final held-out success under
 :data:`COLLAPSE_FRACTION` of its SFT start: a policy driven off the answer format, or into a loop)
-keeps its numbers, and the error column says so with what its last iterations looked like. ``--resume`` skips the runs that finished and resumes the others (``arborl train
---resume``).
+keeps its numbers, and the error column says so with what its last iterations looked like.
+``--resume`` skips the runs that finished and resumes the others (``arborl train --resume``).
 
 Settings are applied in this order, later ones winning: the config file, ``--set``, the method's
 preset, ``--method-set`` of that method (a hyperparameter tuned per method, e.g. ``best_step:rl.lr=5e-4``:
@@ -347,7 +347,7 @@ def method_row(method: str, results: list[dict[str, Any]]) -> dict[str, Any]:
     errors = [r["error"] for r in results if r["error"] is not None]
     if errors and len(set(errors)) == 1 and not ok:
         row["error"] = errors[0]  # the same cause for every seed (an unknown method): said once
-    else:  # failures, then collapses (a collapsed seed's numbers stay in the row)
+    else:  # each seed's failure or collapse note, in seed order (a collapsed seed's numbers stay in the row)
         said = [(r["seed"], r["error"] or r.get("note")) for r in results if r["error"] or r.get("note")]
         row["error"] = "; ".join(f"seed {seed}: {why}" for seed, why in said) or None
     return row
