@@ -114,6 +114,13 @@ def test_generated_multi_box_rooms_are_solvable(dim, num_boxes):
         room = "".join(info["room"])
         assert room.count("X") + room.count("V") == num_boxes
         assert 1 <= info["optimal_steps"] <= env.max_steps
+        steps = 0
+        while True:  # the expert (BFS over every box) solves the room in exactly its optimal steps
+            res = env.step(env.expert_action())
+            steps += 1
+            if res.terminated or res.truncated:
+                break
+        assert res.info["success"] is True and steps == info["optimal_steps"], seed
 
 
 def test_generation_is_deterministic_per_seed():

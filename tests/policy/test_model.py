@@ -48,6 +48,9 @@ def test_build_model_matches_tokenizer_and_is_seeded(request, arch, tokenizer):
 def test_default_model_has_about_two_million_parameters(word_tokenizer):
     model = build_model(ModelConfig(), word_tokenizer, seed=0)
     n = sum(p.numel() for p in model.parameters())
+    h, layers, inter, vocab = 256, 2, 688, len(word_tokenizer)
+    # tied embedding + per layer (q, k, v, o; gate, up, down; two RMSNorms) + the final norm
+    assert n == vocab * h + layers * (4 * h * h + 3 * h * inter + 2 * h) + h
     assert 1.0e6 < n < 2.5e6
 
 
