@@ -21,6 +21,13 @@ step advantages and combines them with the group-relative episode advantage:
   (:func:`score_deltas`): with scores that estimate ``Q(s_t, a_t)``, the previous score estimates
   ``V(s_t)``, so the step term rewards actions that improved the prospects rather than steps that
   happen to sit in good states; ``group`` compares the raw scores across the group.
+* ``baseline = "rloo"`` first subtracts from each score the mean per-step score of the group's
+  *other* episodes (:func:`score_centred`; PRIME's leave-one-out baseline per reward source). A
+  reward model whose scores drift (every step a little positive, or negative, as an implicit
+  PRM's log-ratio does while the policy moves away from its reference) otherwise turns the drift
+  into a length bias through the return-to-go: with ``gamma > 0`` a step with more steps after it
+  collects more of the drift, so the policy is trained towards longer (or shorter) episodes.
+  Centred, a constant drift cancels exactly.
 * Inactive steps (a branch's replay of its trunk) get 0 and are not compared; a replayed step's
   score is still the ``previous`` baseline of the step after it.
 
@@ -50,8 +57,9 @@ def _check_scores(batch: StepBatch, step_scores: Tensor | None) -> Tensor:
     return step_scores.detach().to(torch.float32).reshape(-1)
 
 
-BASELINES = ("group", "previous")
-"""What a step's score is compared with: the group's other steps, or first the episode's previous step."""
+BASELINES = ("group", "previous", "rloo")
+"""What a step's score is compared with: the group's other steps, first the episode's previous step, or first
+the mean step score of the group's other episodes."""
 
 
 def score_deltas(batch: StepBatch, scores: Tensor) -> Tensor:
@@ -77,6 +85,32 @@ def score_deltas(batch: StepBatch, scores: Tensor) -> Tensor:
     return scores - torch.where(prev >= 0, scores[prev.clamp_min(0)], start[group])
 
 
+def score_centred(batch: StepBatch, scores: Tensor) -> Tensor:
+    """``[N]`` each score minus the mean over its group's other episodes of their mean active-step score.
+
+    PRIME's leave-one-out baseline of a reward source, per step instead of per token: episode ``j``
+    of a group has ``m_j``, the mean of its active steps' scores, and a step of episode ``i`` gets
+    ``p_t - mean_{j != i} m_j``. An episode whose group has no other episode with an active step is
+    centred on its own ``m_i``. Inactive steps neither count in any ``m_j`` nor change anything but
+    their own (later zeroed) value.
+    """
+    n_ep = batch.group.numel()
+    if not scores.numel():
+        return scores
+    active = batch.step_active().to(torch.float64)
+    e = batch.episode
+    ep_sum = torch.zeros(n_ep, dtype=torch.float64).index_add_(0, e, scores.to(torch.float64) * active)
+    ep_cnt = torch.zeros(n_ep, dtype=torch.float64).index_add_(0, e, active)
+    has = (ep_cnt > 0).to(torch.float64)
+    mean = ep_sum / ep_cnt.clamp_min(1)
+    n_groups = int(batch.group.max()) + 1
+    g_sum = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, batch.group, mean * has)
+    g_cnt = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, batch.group, has)
+    others = g_cnt[batch.group] - has
+    base = torch.where(others > 0, (g_sum[batch.group] - mean * has) / others.clamp_min(1), mean)
+    return (scores.to(torch.float64) - base[e]).to(scores.dtype)
+
+
 def process_step_advantages(batch: StepBatch, step_scores: Tensor, *, gamma: float = 0.0, norm_by_std: bool = True,
                             eps: float = 1e-6, tol: float = NOISE_STD, baseline: str = "group") -> Tensor:
     """``[N]`` the step term ``A^P``: process returns-to-go normalised within each episode group.
@@ -88,7 +122,8 @@ def process_step_advantages(batch: StepBatch, step_scores: Tensor, *, gamma: flo
         norm_by_std: Divide by the group's std of process returns (False: subtract the mean only).
         eps: Added to the std.
         tol: A group whose process returns have a std of at most this has no spread (gets 0).
-        baseline: ``group`` (each score as it is) or ``previous`` (:func:`score_deltas` first).
+        baseline: ``group`` (each score as it is), ``previous`` (:func:`score_deltas` first) or ``rloo``
+            (:func:`score_centred` first).
 
     Returns:
         ``[N]`` float32; 0 for inactive steps and for groups without spread.
@@ -97,7 +132,11 @@ def process_step_advantages(batch: StepBatch, step_scores: Tensor, *, gamma: flo
         raise ValueError(f"baseline = {baseline!r} is unknown; choose one of {list(BASELINES)}")
     active = batch.step_active()
     scores = _check_scores(batch, step_scores)
-    scores = (score_deltas(batch, scores) if baseline == "previous" else scores) * active
+    if baseline == "previous":
+        scores = score_deltas(batch, scores)
+    elif baseline == "rloo":
+        scores = score_centred(batch, scores)
+    scores = scores * active
     returns = discounted_returns(scores, batch.episode, batch.step, gamma=gamma)
     key = torch.where(active, torch.zeros_like(batch.episode), -1 - torch.arange(active.numel()))
     groups = dense_ids(batch.group[batch.episode], key) if active.numel() else batch.episode
@@ -108,7 +147,7 @@ def process_step_advantages(batch: StepBatch, step_scores: Tensor, *, gamma: flo
 
 def process(batch: StepBatch, *, step_scores: Tensor | None = None, weight: float = 1.0, gamma: float = 0.0,
             norm_by_std: bool = True, eps: float = 1e-6, length_neutral: bool = False,
-            singleton: str = "raw", baseline: str = "group") -> Tensor:
+            singleton: str = "raw", baseline: str = "group", step_norm_by_std: bool | None = None) -> Tensor:
     """Episode advantage plus weighted process-reward step advantage: ``A = A^E + w * A^P``.
 
     Args:
@@ -117,16 +156,21 @@ def process(batch: StepBatch, *, step_scores: Tensor | None = None, weight: floa
         weight: ``w``, the weight of the step term (0: plain GRPO).
         gamma: Discount of the process return-to-go (0: each step's own score).
         norm_by_std: Divide both terms by their group std (False: Dr.GRPO-style differences).
+        step_norm_by_std: Divide the step term by its group std (None: as ``norm_by_std``). False keeps the
+            process returns on their own scale, so a reward model whose scores barely differ contributes
+            little instead of being stretched to the outcome term's unit spread.
         eps: Added to the stds.
         length_neutral: Scale each step by ``mean_turns / turns_of_its_episode``.
         singleton: What a lone episode gets at the episode level (``raw``: ``A^E = R``; ``zero``: 0).
-        baseline: ``group`` or ``previous`` (score differences along the episode; :func:`score_deltas`).
+        baseline: ``group``, ``previous`` (score differences along the episode; :func:`score_deltas`) or
+            ``rloo`` (scores minus the group's other episodes' mean step score; :func:`score_centred`).
 
     Returns:
         ``[N]`` float32 step advantages.
     """
     scores = _check_scores(batch, step_scores)
     a_ep = _episode_advantages(batch, norm_by_std=norm_by_std, eps=eps, singleton=singleton)[batch.episode]
-    a_step = process_step_advantages(batch, scores, gamma=gamma, norm_by_std=norm_by_std, eps=eps, baseline=baseline)
+    step_norm = norm_by_std if step_norm_by_std is None else step_norm_by_std
+    a_step = process_step_advantages(batch, scores, gamma=gamma, norm_by_std=step_norm, eps=eps, baseline=baseline)
     adv = (a_ep + weight * a_step) * batch.step_active()
     return adv * _length_weights(batch) if length_neutral else adv

@@ -155,7 +155,8 @@ def archer_reference(batch: StepBatch, *, q_values, values, whiten: bool = False
     return [a * ok for a, ok in zip(adv, _flags(batch.active, len(adv)), strict=True)]
 def process_reference(batch: StepBatch, *, step_scores, weight: float = 1.0, gamma: float = 0.0,
                       norm_by_std: bool = True, eps: float = 1e-6, length_neutral: bool = False,
-                      singleton: str = "raw", baseline: str = "group") -> list[float]:
+                      singleton: str = "raw", baseline: str = "group",
+                      step_norm_by_std: bool | None = None) -> list[float]:
     """Slow loop version of :func:`arborl.credit.process.process`."""
     ep = _episode_reference(batch, baseline="mean", norm_by_std=norm_by_std, eps=eps, singleton=singleton)
     active = _flags(batch.active, batch.episode.numel())
@@ -163,6 +164,8 @@ def process_reference(batch: StepBatch, *, step_scores, weight: float = 1.0, gam
     raw = step_scores.tolist()
     if baseline == "previous":
         raw = _deltas_reference(batch, raw, active)
+    elif baseline == "rloo":
+        raw = _centred_reference(batch, raw, active)
     scores = [s if a else 0.0 for s, a in zip(raw, active, strict=True)]
     to_go = [0.0] * len(scores)
     for i in range(len(scores)):  # sum over the same episode's later steps, one row at a time
@@ -170,7 +173,8 @@ def process_reference(batch: StepBatch, *, step_scores, weight: float = 1.0, gam
                        if episode[j] == episode[i] and step[j] >= step[i])
     group = batch.group.tolist()
     keys = [(group[e],) if a else ("inactive", i) for i, (e, a) in enumerate(zip(episode, active, strict=True))]
-    a_step = step_group_advantages_reference(to_go, keys, norm_by_std=norm_by_std, eps=eps)
+    step_norm = norm_by_std if step_norm_by_std is None else step_norm_by_std
+    a_step = step_group_advantages_reference(to_go, keys, norm_by_std=step_norm, eps=eps)
     members: dict[tuple, list[float]] = {}
     for k, g in zip(keys, to_go, strict=True):
         members.setdefault(k, []).append(g)
@@ -182,6 +186,24 @@ def process_reference(batch: StepBatch, *, step_scores, weight: float = 1.0, gam
     combined = [ep[e] + weight * s for e, s in zip(episode, a_step, strict=True)]
     weights = _length_weights_reference(batch) if length_neutral else [1.0] * len(combined)
     return [c * a * w for c, a, w in zip(combined, active, weights, strict=True)]
+
+
+def _centred_reference(batch: StepBatch, scores: list[float], active: list[bool]) -> list[float]:
+    """Each score minus the mean, over its group's other episodes with an active step, of their mean active score."""
+    episode, group = batch.episode.tolist(), batch.group.tolist()
+    own: dict[int, list[float]] = {}
+    for i, e in enumerate(episode):
+        if active[i]:
+            own.setdefault(e, []).append(scores[i])
+    means = {e: sum(v) / len(v) for e, v in own.items()}
+    out = []
+    for i, e in enumerate(episode):
+        peers = [m for j, m in means.items() if j != e and group[j] == group[e]]
+        if peers:
+            out.append(scores[i] - sum(peers) / len(peers))
+        else:
+            out.append(scores[i] - means.get(e, 0.0))
+    return out
 
 
 def _deltas_reference(batch: StepBatch, scores: list[float], active: list[bool]) -> list[float]:

@@ -323,6 +323,11 @@ class RLConfig:
     """Weight w of the step advantage in A = A^E + w A^S (GiGPO)."""
     prm_weight: float = 1.0
     """Process rewards: weight w of the step term in A = A^E + w A^P (0: plain GRPO)."""
+    prm_step_norm: Literal["auto", "std", "none"] = "auto"
+    """Process rewards: divide the step term by its group's std (``std``: every group's step term has unit
+    spread, however little the scores differ) or keep the process returns on their own scale (``none``:
+    PRIME's, beta * log-ratio after the leave-one-out baseline). ``auto``: ``std`` for prm (as
+    ``norm_by_std``), ``none`` for implicit_prm and istar."""
     prm_beta: float = 0.05
     """implicit_prm / istar: beta of the implicit reward beta * (log pi_phi - log pi_ref) (PRIME, iStar: 0.05)."""
     prm_lr: float = 1e-4
@@ -344,10 +349,13 @@ class RLConfig:
     prm_return_gamma: float = 1.0
     """implicit_prm / istar: discount of the process return-to-go summed over later turns (1: PRIME's
     reverse cumulative sum). ``prm`` uses 0: its scores already estimate the outcome from the step on."""
-    prm_baseline: Literal["group", "previous"] = "group"
-    """Process rewards: compare each step's score with the group's other steps (``group``), or first take
-    its difference to the episode's previous step's score (``previous``: with an explicit PRM's
-    Q(s, a) estimates, a temporal-difference advantage; see docs/credit.md §12.1)."""
+    prm_baseline: Literal["auto", "group", "previous", "rloo"] = "auto"
+    """Process rewards: compare each step's score with the group's other steps (``group``), first take its
+    difference to the episode's previous step's score (``previous``: with an explicit PRM's Q(s, a)
+    estimates, a temporal-difference advantage), or first subtract the mean step score of the group's
+    other episodes (``rloo``: PRIME's leave-one-out baseline, so a reward model's drift does not become
+    a length bias through the return-to-go). ``auto``: ``group`` for prm, ``rloo`` for implicit_prm and
+    istar. See docs/credit.md §12.1."""
     prm_pair_agg: Literal["mean", "sum"] = "mean"
     """istar: a trajectory's implicit reward in the DPO loss is the mean (iStar's code) or the sum (its
     paper) over its turns of beta * sum of log-ratios."""

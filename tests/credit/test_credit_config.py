@@ -53,3 +53,22 @@ def test_starpo_s_with_its_stabilisers_loads():
     cfg = load_config(TrainConfig, "examples/frozenlake.toml",
                       ["rl.filter=starpo_s", "rl.keep_ratio=0.5", "rl.kl_coef=0", "rl.clip_low=0.2", "rl.clip_high=0.28"])
     assert (cfg.rl.filter, cfg.rl.keep_ratio, cfg.rl.kl_coef, cfg.rl.clip_high) == ("starpo_s", 0.5, 0.0, 0.28)
+
+
+@pytest.mark.parametrize("credit,setting,expected", [
+    ("prm", "auto", "group"), ("implicit_prm", "auto", "rloo"), ("istar", "auto", "rloo"),
+    ("prm", "rloo", "rloo"), ("implicit_prm", "group", "group"), ("istar", "previous", "previous"),
+])
+def test_prm_baseline_auto_is_group_for_the_explicit_prm_and_rloo_for_the_implicit_ones(credit, setting, expected):
+    cfg = load_config(TrainConfig, None, [f"rl.credit={credit}", f"rl.prm_baseline={setting}"])
+    assert credit_from_config(cfg.rl).keywords["baseline"] == expected
+
+
+@pytest.mark.parametrize("credit,setting,norm,expected", [
+    ("prm", "auto", "true", True), ("prm", "auto", "false", False), ("implicit_prm", "auto", "true", False),
+    ("istar", "auto", "true", False), ("implicit_prm", "std", "true", True), ("prm", "none", "true", False),
+])
+def test_prm_step_norm_auto_follows_norm_by_std_for_the_explicit_prm_and_is_off_for_the_implicit_ones(
+        credit, setting, norm, expected):
+    cfg = load_config(TrainConfig, None, [f"rl.credit={credit}", f"rl.prm_step_norm={setting}", f"rl.norm_by_std={norm}"])
+    assert credit_from_config(cfg.rl).keywords["step_norm_by_std"] is expected

@@ -52,6 +52,17 @@ def test_std_normalised_and_weighted():
                  tol=1e-4)
 
 
+def test_step_term_on_its_own_scale_while_the_episode_term_is_std_normalised():
+    # A^E = +-(0.5 / 0.70711) as above; A^P = p - 0.46667 undivided (its std 0.30551 would stretch it 3.3x)
+    b = two_episode_group()
+    a = process(b, step_scores=SCORES, weight=1.0, gamma=0.0, norm_by_std=True, step_norm_by_std=False)
+    ae = 0.5 / math.sqrt(0.5)
+    assert close(a, [ae - 0.26667, -ae - 0.06667, ae + 0.33333], tol=1e-4)
+    # small scores stay small: a reward model that barely tells steps apart barely moves the advantage
+    tiny = process(b, step_scores=SCORES * 1e-3, norm_by_std=True, step_norm_by_std=False)
+    assert torch.allclose(tiny, torch.tensor([ae, -ae, ae]), atol=1e-3)
+
+
 def test_weight_zero_is_grpo():
     b = two_episode_group()
     assert torch.equal(process(b, step_scores=SCORES, weight=0.0), grpo(b))
@@ -99,15 +110,46 @@ def test_previous_baseline_by_hand():
         process_step_advantages(b, SCORES, baseline="median")
 
 
+def test_rloo_baseline_by_hand():
+    # episode means: ep0 (0.2 + 0.8) / 2 = 0.5, ep1 0.4; each step minus the other episode's mean:
+    # ep0 step0 0.2 - 0.4 = -0.2, ep1 step0 0.4 - 0.5 = -0.1, ep0 step1 0.8 - 0.4 = 0.4
+    b = two_episode_group()
+    assert close(process_step_advantages(b, SCORES, gamma=0.0, norm_by_std=False, baseline="rloo"),
+                 [-0.2 - 0.03333, -0.1 - 0.03333, 0.4 - 0.03333])
+    # gamma 1, to-go of the centred scores: 0.2, -0.1, 0.4 ; mean 0.16667
+    assert close(process_step_advantages(b, SCORES, gamma=1.0, norm_by_std=False, baseline="rloo"),
+                 [0.03333, -0.26667, 0.23333])
+
+
+def test_rloo_baseline_cancels_a_drift_that_the_return_to_go_turns_into_a_length_bias():
+    # every step scores the same 0.3 (a reward model that drifted up): with gamma = 1 the long episode's
+    # first step collects the drift three times and looks best; centred, nothing is left to train on
+    b = StepBatch(episode=torch.tensor([0, 0, 0, 1]), step=torch.tensor([0, 1, 2, 0]), reward=torch.zeros(4),
+                  anchor=torch.tensor([0, 1, 2, 0]), group=torch.tensor([0, 0]), score=torch.tensor([0.0, 0.0]))
+    drift = torch.full((4,), 0.3)
+    biased = process_step_advantages(b, drift, gamma=1.0, norm_by_std=False, baseline="group")
+    assert biased[0] > 0 > biased[3]
+    assert process_step_advantages(b, drift, gamma=1.0, baseline="rloo").abs().max() == 0
+    # a lone episode is centred on its own mean; an inactive step does not count in any mean
+    lone = StepBatch(episode=torch.tensor([0, 0]), step=torch.tensor([0, 1]), reward=torch.zeros(2),
+                     anchor=torch.tensor([0, 1]), group=torch.tensor([0]), score=torch.tensor([1.0]))
+    assert close(process_step_advantages(lone, torch.tensor([0.1, 0.5]), norm_by_std=False, baseline="rloo"),
+                 [-0.2, 0.2])
+    b2 = two_episode_group(active=torch.tensor([True, True, False]))
+    # ep0's mean is 0.2 (its replayed 100 ignored), ep1's 0.4: centred 0.2 - 0.4, 0.4 - 0.2; mean 0
+    assert close(process_step_advantages(b2, torch.tensor([0.2, 0.4, 100.0]), norm_by_std=False, baseline="rloo"),
+                 [-0.2, 0.2, 0.0])
+
+
 @settings(max_examples=150, deadline=None)
 @given(step_batches(), st.booleans(), st.booleans(), st.sampled_from(["raw", "zero"]), st.sampled_from([0.0, 0.9, 1.0]),
-       st.sampled_from(["group", "previous"]), st.data())
-def test_process_matches_its_reference_loop(b, norm, neutral, singleton, gamma, baseline, data):
+       st.sampled_from(["group", "previous", "rloo"]), st.sampled_from([None, True, False]), st.data())
+def test_process_matches_its_reference_loop(b, norm, neutral, singleton, gamma, baseline, step_norm, data):
     n = b.episode.numel()
     scores = torch.tensor(data.draw(st.lists(st.integers(-100, 100).map(lambda v: v / 50), min_size=n, max_size=n)),
                           dtype=torch.float32)
     kw = dict(step_scores=scores, weight=0.7, gamma=gamma, norm_by_std=norm, length_neutral=neutral,
-              singleton=singleton, baseline=baseline)
+              singleton=singleton, baseline=baseline, step_norm_by_std=step_norm)
     agree(process(b, **kw), ref.process_reference(b, **kw))
 
 
