@@ -46,8 +46,7 @@ CREDIT_ESTIMATORS: dict[str, tuple[str, Callable[[RLConfig], dict[str, Any]]]] =
     "prm": ("process", lambda rl: {"weight": rl.prm_weight, "gamma": 0.0, "norm_by_std": rl.norm_by_std,
                                    "length_neutral": rl.length_neutral, "singleton": rl.singleton,
                                    "baseline": "group" if rl.prm_baseline == "auto" else rl.prm_baseline,
-                                   "step_norm_by_std": (rl.norm_by_std if rl.prm_step_norm == "auto"
-                                                        else rl.prm_step_norm == "std")}),
+                                   "step_norm_by_std": rl.prm_step_norm == "std"}),
     **{name: ("process", lambda rl: {"weight": rl.prm_weight, "gamma": rl.prm_return_gamma,
                                      "norm_by_std": rl.norm_by_std, "length_neutral": rl.length_neutral,
                                      "singleton": rl.singleton,

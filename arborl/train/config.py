@@ -323,11 +323,11 @@ class RLConfig:
     """Weight w of the step advantage in A = A^E + w A^S (GiGPO)."""
     prm_weight: float = 1.0
     """Process rewards: weight w of the step term in A = A^E + w A^P (0: plain GRPO)."""
-    prm_step_norm: Literal["auto", "std", "none"] = "auto"
-    """Process rewards: divide the step term by its group's std (``std``: every group's step term has unit
-    spread, however little the scores differ) or keep the process returns on their own scale (``none``:
-    PRIME's, beta * log-ratio after the leave-one-out baseline). ``auto``: ``std`` for prm (as
-    ``norm_by_std``), ``none`` for implicit_prm and istar."""
+    prm_step_norm: Literal["std", "none"] = "none"
+    """Process rewards: keep the process returns on their own scale (``none``: the step term grows only as the
+    reward model's scores separate; PRIME's beta * log-ratio after the leave-one-out baseline) or divide the
+    step term by its group's std (``std``: every group's step term has unit spread, however little the scores
+    differ, so a barely-trained reward model weighs as much as the outcome; docs/credit.md 12.6)."""
     prm_beta: float = 0.05
     """implicit_prm / istar: beta of the implicit reward beta * (log pi_phi - log pi_ref) (PRIME, iStar: 0.05)."""
     prm_lr: float = 1e-4

@@ -64,11 +64,15 @@ def test_prm_baseline_auto_is_group_for_the_explicit_prm_and_rloo_for_the_implic
     assert credit_from_config(cfg.rl).keywords["baseline"] == expected
 
 
-@pytest.mark.parametrize("credit,setting,norm,expected", [
-    ("prm", "auto", "true", True), ("prm", "auto", "false", False), ("implicit_prm", "auto", "true", False),
-    ("istar", "auto", "true", False), ("implicit_prm", "std", "true", True), ("prm", "none", "true", False),
-])
-def test_prm_step_norm_auto_follows_norm_by_std_for_the_explicit_prm_and_is_off_for_the_implicit_ones(
-        credit, setting, norm, expected):
-    cfg = load_config(TrainConfig, None, [f"rl.credit={credit}", f"rl.prm_step_norm={setting}", f"rl.norm_by_std={norm}"])
-    assert credit_from_config(cfg.rl).keywords["step_norm_by_std"] is expected
+@pytest.mark.parametrize("credit", ["prm", "implicit_prm", "istar"])
+@pytest.mark.parametrize("norm", ["true", "false"])
+def test_prm_step_norm_is_off_by_default_and_independent_of_norm_by_std(credit, norm):
+    default = load_config(TrainConfig, None, [f"rl.credit={credit}", f"rl.norm_by_std={norm}"])
+    assert credit_from_config(default.rl).keywords["step_norm_by_std"] is False
+    on = load_config(TrainConfig, None, [f"rl.credit={credit}", "rl.prm_step_norm=std", f"rl.norm_by_std={norm}"])
+    assert credit_from_config(on.rl).keywords["step_norm_by_std"] is True
+
+
+def test_prm_step_norm_rejects_an_unknown_setting_by_name():
+    with pytest.raises(ConfigError, match="prm_step_norm"):
+        load_config(TrainConfig, None, ["rl.prm_step_norm=auto"])
