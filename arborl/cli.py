@@ -31,6 +31,16 @@ from arborl.train.interrupt import Interrupted
 if TYPE_CHECKING:
     from arborl.train.config import RLConfig
 
+def _process_options(rl: RLConfig, *, gamma: float, auto_baseline: str) -> dict[str, Any]:
+    """Options of ``arborl.credit.process``: the explicit and implicit PRMs differ only in the return's
+    discount and in what ``prm_baseline = auto`` means.
+    """
+    return {"weight": rl.prm_weight, "gamma": gamma, "norm_by_std": rl.norm_by_std,
+            "length_neutral": rl.length_neutral, "singleton": rl.singleton,
+            "baseline": auto_baseline if rl.prm_baseline == "auto" else rl.prm_baseline,
+            "step_norm_by_std": rl.prm_step_norm == "std"}
+
+
 # Names that configs may use, and the objects they stand for: this table is the only registry.
 # Each name maps to a function of arborl.credit and the options it takes from the RL config.
 CREDIT_ESTIMATORS: dict[str, tuple[str, Callable[[RLConfig], dict[str, Any]]]] = {
@@ -43,15 +53,8 @@ CREDIT_ESTIMATORS: dict[str, tuple[str, Callable[[RLConfig], dict[str, Any]]]] =
     "best_step": ("best_step", lambda rl: {"gamma": rl.gamma}),
     "turn_ppo": ("turn_gae", lambda rl: {"gamma": rl.gamma, "lam": rl.gae_lambda, "whiten": rl.whiten_advantages}),
     "archer": ("archer", lambda rl: {}),
-    "prm": ("process", lambda rl: {"weight": rl.prm_weight, "gamma": 0.0, "norm_by_std": rl.norm_by_std,
-                                   "length_neutral": rl.length_neutral, "singleton": rl.singleton,
-                                   "baseline": "group" if rl.prm_baseline == "auto" else rl.prm_baseline,
-                                   "step_norm_by_std": rl.prm_step_norm == "std"}),
-    **{name: ("process", lambda rl: {"weight": rl.prm_weight, "gamma": rl.prm_return_gamma,
-                                     "norm_by_std": rl.norm_by_std, "length_neutral": rl.length_neutral,
-                                     "singleton": rl.singleton,
-                                     "baseline": "rloo" if rl.prm_baseline == "auto" else rl.prm_baseline,
-                                     "step_norm_by_std": rl.prm_step_norm == "std"})
+    "prm": ("process", lambda rl: _process_options(rl, gamma=0.0, auto_baseline="group")),
+    **{name: ("process", lambda rl: _process_options(rl, gamma=rl.prm_return_gamma, auto_baseline="rloo"))
        for name in ("implicit_prm", "istar")},
     "tree": ("tree", lambda rl: {"episode_weight": rl.tree_episode_weight, "norm_by_std": rl.norm_by_std,
                                  "length_neutral": rl.length_neutral, "singleton": rl.singleton}),
