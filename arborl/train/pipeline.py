@@ -85,37 +85,38 @@ def run_pipeline(cfg: TrainConfig, credit: CreditFn, *, resume: bool = False, ov
     make_env = env_factory(cfg.env)
     _check(make_env)
     rd = RunDir(run_dir, default_store=not cfg.store)
-    plan = rd.plan(cfg.stages, rl_iterations=cfg.rl.iterations, resume=resume, overwrite=overwrite)
-    if plan.run == ["eval"]:
-        _eval_targets(cfg, checkpoint)
-    _say_plan(plan, resume, say)
-    if overwrite and cfg.store and "synth" in plan.run:
-        say(f"--overwrite: the store {cfg.store} is not in run_dir; the episodes an earlier run stored there stay")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    summary: dict[str, Any] = {"run_dir": str(run_dir), "store": redact(cfg.store_url), "stage_s": {}}
-    summary.update(plan.state.get("sft", {}))
-    with open_store(cfg.store_url) as store, cluster_envs(cfg.cluster, cfg.env, make_env, say) as make_env:
-        _save_config(cfg, run_dir)
-        metrics = Metrics(run_dir, cfg.report_to, config=to_dict(cfg))
-        try:
-            _run_stages(cfg, plan, rd, make_env, store, metrics, (credit, credit_model), summary, checkpoint, say)
-        except BaseException:
-            metrics.close()
-            raise
-        rl_rows = [r for r in metrics.rows() if r["stage"] == "rl"]
-        summary["env_steps"] = rl_rows[-1]["env_steps"] if rl_rows else summary.get("demo_turns", 0)
-        summary["tokens"] = rl_rows[-1]["tokens"] if rl_rows else 0
-        if profile := profile_summary(rl_rows):
-            summary["rl_profile"] = profile
-        if "sft" in summary and "rl" in summary:
-            summary["rl_gain"] = summary["rl"]["success"] - summary["sft"]["success"]
-        summary["wall_s"] = time.time() - t0
-        summary["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        summary["config"] = to_dict(cfg)
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    plot_learning_curve(metrics.rows(), run_dir / "learning_curve.png", final=summary)
-    metrics.close()
-    return summary
+    with rd.hold():
+        plan = rd.plan(cfg.stages, rl_iterations=cfg.rl.iterations, resume=resume, overwrite=overwrite)
+        if plan.run == ["eval"]:
+            _eval_targets(cfg, checkpoint)
+        _say_plan(plan, resume, say)
+        if overwrite and cfg.store and "synth" in plan.run:
+            say(f"--overwrite: the store {cfg.store} is not in run_dir; the episodes an earlier run stored there stay")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        summary: dict[str, Any] = {"run_dir": str(run_dir), "store": redact(cfg.store_url), "stage_s": {}}
+        summary.update(plan.state.get("sft", {}))
+        with open_store(cfg.store_url) as store, cluster_envs(cfg.cluster, cfg.env, make_env, say) as make_env:
+            _save_config(cfg, run_dir)
+            metrics = Metrics(run_dir, cfg.report_to, config=to_dict(cfg))
+            try:
+                _run_stages(cfg, plan, rd, make_env, store, metrics, (credit, credit_model), summary, checkpoint, say)
+            except BaseException:
+                metrics.close()
+                raise
+            rl_rows = [r for r in metrics.rows() if r["stage"] == "rl"]
+            summary["env_steps"] = rl_rows[-1]["env_steps"] if rl_rows else summary.get("demo_turns", 0)
+            summary["tokens"] = rl_rows[-1]["tokens"] if rl_rows else 0
+            if profile := profile_summary(rl_rows):
+                summary["rl_profile"] = profile
+            if "sft" in summary and "rl" in summary:
+                summary["rl_gain"] = summary["rl"]["success"] - summary["sft"]["success"]
+            summary["wall_s"] = time.time() - t0
+            summary["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            summary["config"] = to_dict(cfg)
+            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        plot_learning_curve(metrics.rows(), run_dir / "learning_curve.png", final=summary)
+        metrics.close()
+        return summary
 
 
 def _check(make_env: Callable[[], Env]) -> None:

@@ -12,8 +12,12 @@ later stages need); RL's progress is its newest checkpoint under ``checkpoints/r
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +25,8 @@ from typing import Any
 from arborl.config import ConfigError
 
 STATE_FILE = "run_state.json"
+LOCK_FILE = ".lock"
+"""Held (``flock``) by the process running in the directory; it holds that process's pid."""
 
 STAGE_OUTPUTS = {
     "synth": ("trajectories.db", "trajectories.db.blobs", "trajectories.db-wal", "trajectories.db-shm"),
@@ -77,6 +83,43 @@ class RunDir:
     def __init__(self, path: str | Path, *, default_store: bool) -> None:
         self.path = Path(path)
         self.default_store = default_store
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        """Hold the directory for this process while it runs; a second process is refused.
+
+        Two processes in one run directory (a second ``train``, or ``compare --resume`` while the
+        first compare still runs that seed) would both "resume" from the same checkpoints and write
+        one ``metrics.jsonl`` and one ``summary.json``. The lock is an ``flock`` on ``.lock``: the
+        kernel releases it when the process dies, so a killed run never leaves a stale lock.
+
+        Raises:
+            ConfigError: another process holds the directory (its pid is in the message).
+        """
+        existed = self.path.exists()
+        self.path.mkdir(parents=True, exist_ok=True)
+        f = open(self.path / LOCK_FILE, "a+")  # noqa: SIM115 - held open for the whole run
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            f.close()
+            raise ConfigError(f"run_dir {self.path} is in use by another arborl process (pid {holder}); "
+                              "wait for it to finish or stop it, or choose another run_dir") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        try:
+            yield
+        finally:
+            f.truncate(0)
+            fcntl.flock(f, fcntl.LOCK_UN)
+            f.close()
+            if not existed and [q.name for q in self.path.iterdir()] == [LOCK_FILE]:
+                (self.path / LOCK_FILE).unlink()  # a refused command leaves no empty run directory
+                self.path.rmdir()
 
     def finished(self) -> dict[str, Any]:
         """Stages that finished, each with its statistics."""

@@ -135,3 +135,44 @@ def test_ctrl_c_in_sft_keeps_synth_and_resume_redoes_only_sft(tmp_path):
 
     with open_store(f"sqlite:///{run}/trajectories.db") as store:
         assert store.count(source="synth") == 60
+
+
+def test_a_run_dir_in_use_by_another_process_is_refused_and_left_alone(tmp_path):
+    import os
+
+    from arborl.train.rundir import LOCK_FILE, RunDir
+
+    run = tmp_path / "busy"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("")
+    with RunDir(run, default_store=True).hold():
+        assert (run / LOCK_FILE).read_text().strip() == str(os.getpid())
+        p = arborl("train", CFG, "--resume", *sets(run), check=False)
+        assert p.returncode == 2 and "Traceback" not in p.stderr
+        assert p.stderr.strip().splitlines() == [
+            f"arborl: error: run_dir {run} is in use by another arborl process (pid {os.getpid()}); "
+            "wait for it to finish or stop it, or choose another run_dir"]
+        assert sorted(q.name for q in run.iterdir()) == [LOCK_FILE, "metrics.jsonl"]  # nothing written
+    with RunDir(run, default_store=True).hold():  # released on exit: the next command may run
+        pass
+
+
+def test_the_run_dir_lock_goes_with_a_killed_process(tmp_path):
+    from arborl.config import ConfigError
+    from arborl.train.rundir import RunDir
+
+    run = tmp_path / "run"
+    code = ("import sys, time; from arborl.train.rundir import RunDir\n"
+            f"with RunDir({str(run)!r}, default_store=True).hold():\n"
+            "    print('held', flush=True); time.sleep(60)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=cli_env())
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError, match=rf"pid {holder.pid}\)"), RunDir(run, default_store=True).hold():
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with RunDir(run, default_store=True).hold():  # no stale lock after SIGKILL
+        pass
+    assert run.is_dir()  # the directory existed before this hold, so it stays
