@@ -92,7 +92,6 @@ def run_pipeline(cfg: TrainConfig, credit: CreditFn, *, resume: bool = False, ov
         _say_plan(plan, resume, say)
         if overwrite and cfg.store and "synth" in plan.run:
             say(f"--overwrite: the store {cfg.store} is not in run_dir; the episodes an earlier run stored there stay")
-        run_dir.mkdir(parents=True, exist_ok=True)
         summary: dict[str, Any] = {"run_dir": str(run_dir), "store": redact(cfg.store_url), "stage_s": {}}
         summary.update(plan.state.get("sft", {}))
         with open_store(cfg.store_url) as store, cluster_envs(cfg.cluster, cfg.env, make_env, say) as make_env:
