@@ -436,7 +436,8 @@ def plot_compare(results: list[dict[str, Any]], path: Path, title: str) -> Path:
     methods = list(dict.fromkeys(r["method"] for r in results))
     for i, m in enumerate(methods):
         ok = [r for r in results if r["method"] == m and r["error"] is None]
-        color = f"C{i % 10}"
+        # ten colours; methods past the tenth take the same colours with another line style
+        color, style = f"C{i % 10}", ("-", "-.", ":")[i // 10 % 3]
         if m == SFT_MORE and ok:
             vals = [r["success"] for r in ok]
             mu, sd = statistics.fmean(vals), statistics.stdev(vals) if len(vals) > 1 else 0.0
@@ -444,7 +445,7 @@ def plot_compare(results: list[dict[str, Any]], path: Path, title: str) -> Path:
             ax.axhspan(mu - sd, mu + sd, color=color, alpha=0.12)
         elif ok:
             xs, mu, sd = mean_curve([r["points"] for r in ok])
-            ax.plot(xs, mu, color=color, label=f"{m} ({statistics.fmean(r['success'] for r in ok):.2f})")
+            ax.plot(xs, mu, color=color, linestyle=style, label=f"{m} ({statistics.fmean(r['success'] for r in ok):.2f})")
             ax.fill_between(xs, [a - b for a, b in zip(mu, sd, strict=True)], [a + b for a, b in zip(mu, sd, strict=True)],
                             color=color, alpha=0.15)
     ax.set_xlabel("RL environment steps (from the shared SFT checkpoint)")
