@@ -38,7 +38,7 @@ def _process_options(rl: RLConfig, *, gamma: float, auto_baseline: str) -> dict[
     return {"weight": rl.prm_weight, "gamma": gamma, "norm_by_std": rl.norm_by_std,
             "length_neutral": rl.length_neutral, "singleton": rl.singleton,
             "baseline": auto_baseline if rl.prm_baseline == "auto" else rl.prm_baseline,
-            "step_norm_by_std": rl.prm_step_norm == "std"}
+            "step_norm_by_std": rl.prm_step_norm == "std", "anchor_weight": rl.anchor_weight, "anchor_gamma": rl.gamma}
 
 
 # Names that configs may use, and the objects they stand for: this table is the only registry.
@@ -92,6 +92,7 @@ COMPARE_METHODS: dict[str, dict[str, Any]] = {
     "starpo_s": {"rl.credit": "grpo", "rl.filter": "starpo_s", "rl.kl_coef": 0.0, "rl.clip_high": 0.28,
                  "rl.branch": False},
     "tree": {"rl.credit": "tree", "rl.tree": True, "rl.branch": False},
+    "prm_gigpo": {"rl.credit": "prm", "rl.anchor_weight": 1.0, "rl.branch": False},
     **{name: {"rl.credit": name, "rl.branch": False} for name in ("turn_ppo", "archer", "prm", "implicit_prm", "istar")},
 }
 

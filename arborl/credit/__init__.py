@@ -20,7 +20,7 @@ from arborl.credit.advantages import (
     step_group_advantages,
     step_group_advantages_reference,
 )
-from arborl.credit.estimators import StepBatch, best_step, dr_grpo, gigpo, grpo, rloo
+from arborl.credit.estimators import StepBatch, anchor_step_advantages, best_step, dr_grpo, gigpo, grpo, rloo
 from arborl.credit.filters import (
     credit_on_groups,
     group_score_std,
@@ -34,6 +34,7 @@ from arborl.credit.tree import tree, tree_advantages, tree_reference, tree_value
 __all__ = [
     "SINGLETON_RULES",
     "StepBatch",
+    "anchor_step_advantages",
     "archer",
     "best_return_weights",
     "best_return_weights_reference",

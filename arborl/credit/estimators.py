@@ -213,6 +213,17 @@ def dr_grpo(batch: StepBatch, *, singleton: str = "raw") -> Tensor:
     return grpo(batch, norm_by_std=False, length_neutral=False, singleton=singleton)
 
 
+def anchor_step_advantages(batch: StepBatch, *, gamma: float = 0.95, norm_by_std: bool = True,
+                           eps: float = 1e-6) -> Tensor:
+    """``[N]`` GiGPO's step term ``A^S``: discounted step returns normalised within anchor-state groups.
+
+    A step group holds the active steps of one episode group that acted from the same anchor state
+    (Eq. 6-7); a lone step gets 0.
+    """
+    returns = discounted_returns(batch.reward, batch.episode, batch.step, gamma=gamma)
+    return step_group_advantages(returns, _state_groups(batch), norm_by_std=norm_by_std, eps=eps)
+
+
 def gigpo(
     batch: StepBatch,
     *,
@@ -233,8 +244,7 @@ def gigpo(
         ``[N]`` float32 step advantages.
     """
     a_ep = _episode_advantages(batch, norm_by_std=norm_by_std, eps=eps, singleton=singleton)[batch.episode]
-    returns = discounted_returns(batch.reward, batch.episode, batch.step, gamma=gamma)
-    a_step = step_group_advantages(returns, _state_groups(batch), norm_by_std=norm_by_std, eps=eps)
+    a_step = anchor_step_advantages(batch, gamma=gamma, norm_by_std=norm_by_std, eps=eps)
     adv = (a_ep + step_weight * a_step) * batch.step_active()
     return adv * _length_weights(batch) if length_neutral else adv
 

@@ -6,7 +6,7 @@ step advantages and combines them with the group-relative episode advantage:
 
     G^P_t = sum_{k >= t} gamma^(k - t) p_k          (process return-to-go; gamma = 0: p_t itself)
     A^P_t = (G^P_t - mean_g G^P) / (std_g G^P + eps) (over the active steps of episode group g)
-    A_t   = A^E_i + w * A^P_t                        (A^E: GRPO over episode scores, as ``grpo``)
+    A_t   = A^E_i + w * A^P_t (+ w_S * A^S_t)        (A^E: GRPO over episode scores, as ``grpo``)
 
 * ``gamma = 0`` is the right choice for an explicit PRM, whose scores already estimate the
   outcome from the step on (a Monte-Carlo ``Q(s_t, a_t)``); summing them to go would count the
@@ -28,6 +28,10 @@ step advantages and combines them with the group-relative episode advantage:
   into a length bias through the return-to-go: with ``gamma > 0`` a step with more steps after it
   collects more of the drift, so the policy is trained towards longer (or shorter) episodes.
   Centred, a constant drift cancels exactly.
+* ``anchor_weight = w_S > 0`` adds GiGPO's anchor-state step term ``A^S``
+  (:func:`arborl.credit.estimators.anchor_step_advantages`): where states repeat, the steps that
+  acted from the same state are also compared by their discounted environment returns, so the
+  reward model's estimate and the measured returns both speak.
 * Inactive steps (a branch's replay of its trunk) get 0 and are not compared; a replayed step's
   score is still the ``previous`` baseline of the step after it.
 
@@ -40,7 +44,7 @@ import torch
 from torch import Tensor
 
 from arborl.credit.advantages import _segment_mean_std, dense_ids, discounted_returns, step_group_advantages
-from arborl.credit.estimators import StepBatch, _episode_advantages, _length_weights
+from arborl.credit.estimators import StepBatch, _episode_advantages, _length_weights, anchor_step_advantages
 
 NOISE_STD = 1e-5
 """Process returns of a group that spread less than this (std) are float noise, not a signal: an implicit
@@ -147,8 +151,9 @@ def process_step_advantages(batch: StepBatch, step_scores: Tensor, *, gamma: flo
 
 def process(batch: StepBatch, *, step_scores: Tensor | None = None, weight: float = 1.0, gamma: float = 0.0,
             norm_by_std: bool = True, eps: float = 1e-6, length_neutral: bool = False,
-            singleton: str = "raw", baseline: str = "group", step_norm_by_std: bool | None = None) -> Tensor:
-    """Episode advantage plus weighted process-reward step advantage: ``A = A^E + w * A^P``.
+            singleton: str = "raw", baseline: str = "group", step_norm_by_std: bool | None = None,
+            anchor_weight: float = 0.0, anchor_gamma: float = 0.95) -> Tensor:
+    """Episode advantage plus weighted process-reward step advantage: ``A = A^E + w * A^P (+ w_S * A^S)``.
 
     Args:
         batch: The steps.
@@ -164,6 +169,8 @@ def process(batch: StepBatch, *, step_scores: Tensor | None = None, weight: floa
         singleton: What a lone episode gets at the episode level (``raw``: ``A^E = R``; ``zero``: 0).
         baseline: ``group``, ``previous`` (score differences along the episode; :func:`score_deltas`) or
             ``rloo`` (scores minus the group's other episodes' mean step score; :func:`score_centred`).
+        anchor_weight: ``w_S``, the weight of GiGPO's anchor-state step term (0: none).
+        anchor_gamma: Discount of the environment returns in that term.
 
     Returns:
         ``[N]`` float32 step advantages.
@@ -172,5 +179,8 @@ def process(batch: StepBatch, *, step_scores: Tensor | None = None, weight: floa
     a_ep = _episode_advantages(batch, norm_by_std=norm_by_std, eps=eps, singleton=singleton)[batch.episode]
     step_norm = norm_by_std if step_norm_by_std is None else step_norm_by_std
     a_step = process_step_advantages(batch, scores, gamma=gamma, norm_by_std=step_norm, eps=eps, baseline=baseline)
-    adv = (a_ep + weight * a_step) * batch.step_active()
+    adv = a_ep + weight * a_step
+    if anchor_weight:
+        adv = adv + anchor_weight * anchor_step_advantages(batch, gamma=anchor_gamma, norm_by_std=norm_by_std, eps=eps)
+    adv = adv * batch.step_active()
     return adv * _length_weights(batch) if length_neutral else adv

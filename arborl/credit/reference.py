@@ -94,12 +94,17 @@ def dr_grpo_reference(batch: StepBatch, *, singleton: str = "raw") -> list[float
     return grpo_reference(batch, norm_by_std=False, length_neutral=False, singleton=singleton)
 
 
+def _anchor_reference(batch: StepBatch, *, gamma: float, norm_by_std: bool, eps: float) -> list[float]:
+    """GiGPO's step term: each active step's discounted return against its (group, anchor) peers."""
+    return step_group_advantages_reference(_returns_reference(batch, gamma), _state_keys(batch),
+                                           norm_by_std=norm_by_std, eps=eps)
+
+
 def gigpo_reference(batch: StepBatch, *, gamma: float = 0.95, step_weight: float = 1.0, norm_by_std: bool = True,
                     eps: float = 1e-6, length_neutral: bool = False, singleton: str = "raw") -> list[float]:
     """Slow loop version of :func:`arborl.credit.gigpo`."""
     ep = _episode_reference(batch, baseline="mean", norm_by_std=norm_by_std, eps=eps, singleton=singleton)
-    a_step = step_group_advantages_reference(_returns_reference(batch, gamma), _state_keys(batch),
-                                             norm_by_std=norm_by_std, eps=eps)
+    a_step = _anchor_reference(batch, gamma=gamma, norm_by_std=norm_by_std, eps=eps)
     combined = [ep[e] + step_weight * s for e, s in zip(batch.episode.tolist(), a_step, strict=True)]
     active = _flags(batch.active, len(combined))
     weights = _length_weights_reference(batch) if length_neutral else [1.0] * len(combined)
@@ -156,7 +161,8 @@ def archer_reference(batch: StepBatch, *, q_values, values, whiten: bool = False
 def process_reference(batch: StepBatch, *, step_scores, weight: float = 1.0, gamma: float = 0.0,
                       norm_by_std: bool = True, eps: float = 1e-6, length_neutral: bool = False,
                       singleton: str = "raw", baseline: str = "group",
-                      step_norm_by_std: bool | None = None) -> list[float]:
+                      step_norm_by_std: bool | None = None, anchor_weight: float = 0.0,
+                      anchor_gamma: float = 0.95) -> list[float]:
     """Slow loop version of :func:`arborl.credit.process.process`."""
     ep = _episode_reference(batch, baseline="mean", norm_by_std=norm_by_std, eps=eps, singleton=singleton)
     active = _flags(batch.active, batch.episode.numel())
@@ -184,6 +190,9 @@ def process_reference(batch: StepBatch, *, step_scores, weight: float = 1.0, gam
         if len(vals) < 2 or (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 <= NOISE_STD:
             a_step[i] = 0.0
     combined = [ep[e] + weight * s for e, s in zip(episode, a_step, strict=True)]
+    if anchor_weight:
+        anchor = _anchor_reference(batch, gamma=anchor_gamma, norm_by_std=norm_by_std, eps=eps)
+        combined = [c + anchor_weight * s for c, s in zip(combined, anchor, strict=True)]
     weights = _length_weights_reference(batch) if length_neutral else [1.0] * len(combined)
     return [c * a * w for c, a, w in zip(combined, active, weights, strict=True)]
 

@@ -323,6 +323,11 @@ class RLConfig:
     """Weight w of the step advantage in A = A^E + w A^S (GiGPO)."""
     prm_weight: float = 1.0
     """Process rewards: weight w of the step term in A = A^E + w A^P (0: plain GRPO)."""
+    anchor_weight: float = 0.0
+    """Process rewards: weight w_S of GiGPO's anchor-state step term added to the advantage, A = A^E +
+    prm_weight * A^P + anchor_weight * A^S (0: none). Where states repeat (Sokoban, FrozenLake), the steps
+    taken from the same state are then also compared by their discounted returns (rl.gamma); ``arborl
+    compare``'s ``prm_gigpo`` sets it to 1."""
     prm_step_norm: Literal["std", "none"] = "none"
     """Process rewards: keep the process returns on their own scale (``none``: the step term grows only as the
     reward model's scores separate; PRIME's beta * log-ratio after the leave-one-out baseline) or divide the
@@ -480,6 +485,10 @@ class RLConfig:
         if self.credit == "dr_grpo" and self.loss_agg == "seq-mean-token-mean":
             raise ValueError("rl.credit = dr_grpo removes length normalisation, but rl.loss_agg = seq-mean-token-mean "
                              "divides each episode by its length; use token-mean or seq-mean-token-sum-norm")
+        if self.anchor_weight and self.credit not in ("prm", "implicit_prm", "istar"):
+            raise ValueError(f"rl.anchor_weight = {self.anchor_weight} adds GiGPO's step term to a process-reward "
+                             f"method, but rl.credit = {self.credit!r}; use rl.credit = gigpo (its weight is "
+                             "rl.step_weight) or one of prm, implicit_prm, istar")
         if self.credit == "tree" and not (self.tree or self.branch):
             raise ValueError("rl.credit = tree needs a rollout tree; set rl.tree = true (or rl.branch = true), or choose "
                              "another rl.credit")

@@ -76,3 +76,11 @@ def test_prm_step_norm_is_off_by_default_and_independent_of_norm_by_std(credit, 
 def test_prm_step_norm_rejects_an_unknown_setting_by_name():
     with pytest.raises(ConfigError, match="prm_step_norm"):
         load_config(TrainConfig, None, ["rl.prm_step_norm=auto"])
+
+
+@pytest.mark.parametrize("credit", ["prm", "implicit_prm", "istar"])
+def test_anchor_weight_reaches_the_process_estimator_with_the_env_discount(credit):
+    off = load_config(TrainConfig, None, [f"rl.credit={credit}"])
+    assert credit_from_config(off.rl).keywords["anchor_weight"] == 0.0
+    on = load_config(TrainConfig, None, [f"rl.credit={credit}", "rl.anchor_weight=1.5", "rl.gamma=0.8"])
+    assert credit_from_config(on.rl).keywords.items() >= {"anchor_weight": 1.5, "anchor_gamma": 0.8}.items()

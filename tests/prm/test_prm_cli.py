@@ -23,11 +23,13 @@ def rl_rows(run: Path) -> list[dict]:
     return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["stage"] == "rl"]
 
 
-@pytest.mark.parametrize(("credit", "metric"), [("prm", "prm/score_progress"), ("implicit_prm", "prm/step_reward_abs"),
-                                                ("istar", "prm/pairs")])
-def test_each_process_reward_method_runs_end_to_end(tmp_path, credit, metric):
+@pytest.mark.parametrize(("credit", "metric", "anchor"), [
+    ("prm", "prm/score_progress", 0.0), ("implicit_prm", "prm/step_reward_abs", 0.0), ("istar", "prm/pairs", 0.0),
+    ("prm", "prm/score_progress", 1.0),  # compare's prm_gigpo: GiGPO's anchor-state term beside the PRM's
+])
+def test_each_process_reward_method_runs_end_to_end(tmp_path, credit, metric, anchor):
     run = tmp_path / "run"
-    run_tiny(run, f"rl.credit={credit}", "rl.prm_weight=0.5")
+    run_tiny(run, f"rl.credit={credit}", "rl.prm_weight=0.5", f"rl.anchor_weight={anchor}")
     rows = rl_rows(run)
     assert [r["step"] for r in rows] == [1, 2]
     assert all(metric in r and "prm/loss" in r for r in rows)
@@ -35,6 +37,7 @@ def test_each_process_reward_method_runs_end_to_end(tmp_path, credit, metric):
     state = torch.load(run / "checkpoints" / "rl-000002" / "trainer_state.pt", weights_only=False)
     assert "model" in state["credit_model"]  # the reward model travels with the checkpoint
     assert 'credit = "' + credit + '"' in (run / "config.toml").read_text()
+    assert f"anchor_weight = {anchor}" in (run / "config.toml").read_text()
 
 
 def test_a_resumed_prm_run_continues_from_the_saved_reward_model(tmp_path):

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arborl.credit import StepBatch, credit_on_groups, grpo, process, process_step_advantages
+from arborl.credit import StepBatch, credit_on_groups, gigpo, grpo, process, process_step_advantages
 from arborl.credit import reference as ref
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "credit"))
@@ -66,6 +66,21 @@ def test_step_term_on_its_own_scale_while_the_episode_term_is_std_normalised():
 def test_weight_zero_is_grpo():
     b = two_episode_group()
     assert torch.equal(process(b, step_scores=SCORES, weight=0.0), grpo(b))
+
+
+def test_anchor_term_adds_gigpo_step_credit_to_the_process_term():
+    # one group, two episodes from the same start state 5: ep0 (rewards 0, 1; R = 1), ep1 (reward 0; R = 0)
+    # A^E = +-0.5 ; A^P (gamma 0, group baseline) = p - mean(0.2, 0.4, 0.8) ; A^S at state 5: the returns
+    # 0.5 * 1 = 0.5 and 0 -> +-0.25; ep0's second step (state 6) is alone in its anchor group -> 0
+    b = StepBatch(episode=torch.tensor([0, 1, 0]), step=torch.tensor([0, 0, 1]), reward=torch.tensor([0.0, 0.0, 1.0]),
+                  anchor=torch.tensor([5, 5, 6]), group=torch.tensor([0, 0]), score=torch.tensor([1.0, 0.0]))
+    kw = dict(step_scores=SCORES, weight=1.0, gamma=0.0, norm_by_std=False)
+    a = process(b, anchor_weight=2.0, anchor_gamma=0.5, **kw)
+    assert close(a, [0.5 - 0.26667 + 2 * 0.25, -0.5 - 0.06667 - 2 * 0.25, 0.5 + 0.33333])
+    # with no process scores to tell steps apart, it is GiGPO with step weight 2
+    flat = process(b, step_scores=torch.zeros(3), norm_by_std=False, anchor_weight=2.0, anchor_gamma=0.5)
+    assert torch.allclose(flat, gigpo(b, gamma=0.5, step_weight=2.0, norm_by_std=False))
+    assert torch.equal(process(b, anchor_weight=0.0, **kw), process(b, **kw))
 
 
 def test_all_failed_group_still_gets_step_credit_from_the_process_scores():
@@ -143,13 +158,14 @@ def test_rloo_baseline_cancels_a_drift_that_the_return_to_go_turns_into_a_length
 
 @settings(max_examples=150, deadline=None)
 @given(step_batches(), st.booleans(), st.booleans(), st.sampled_from(["raw", "zero"]), st.sampled_from([0.0, 0.9, 1.0]),
-       st.sampled_from(["group", "previous", "rloo"]), st.sampled_from([None, True, False]), st.data())
-def test_process_matches_its_reference_loop(b, norm, neutral, singleton, gamma, baseline, step_norm, data):
+       st.sampled_from(["group", "previous", "rloo"]), st.sampled_from([None, True, False]), st.sampled_from([0.0, 0.6]),
+       st.data())
+def test_process_matches_its_reference_loop(b, norm, neutral, singleton, gamma, baseline, step_norm, anchor, data):
     n = b.episode.numel()
     scores = torch.tensor(data.draw(st.lists(st.integers(-100, 100).map(lambda v: v / 50), min_size=n, max_size=n)),
                           dtype=torch.float32)
     kw = dict(step_scores=scores, weight=0.7, gamma=gamma, norm_by_std=norm, length_neutral=neutral,
-              singleton=singleton, baseline=baseline, step_norm_by_std=step_norm)
+              singleton=singleton, baseline=baseline, step_norm_by_std=step_norm, anchor_weight=anchor, anchor_gamma=0.9)
     agree(process(b, **kw), ref.process_reference(b, **kw))
 
 

@@ -60,6 +60,7 @@ def test_config_keys_report_defaults_and_resolved_values():
     (["rl.checkpoint_keep=0"], "checkpoint_keep must be > 0"),
     (['rl.credit="tree"'], "rl.credit = tree needs a rollout tree; set rl.tree = true"),
     (["rl.tree=true", "rl.tree_k=0"], "tree_k must be > 0"),
+    (['rl.credit="grpo"', "rl.anchor_weight=1"], "use rl.credit = gigpo (its weight is rl.step_weight) or one of prm"),
     (["rl.branch=true", "rl.branch_states=-1"], "rl.branch_states is -1; use 0 (every visited state)"),
     (["rl.tree=true", 'rl.tree_select="max"'], "tree_select"),
     (['report_to=["comet"]'], "report_to: ['comet'] are unknown"),
