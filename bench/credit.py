@@ -85,6 +85,48 @@ def _archer(fn):
     return run
 
 
+def with_tree(b: StepBatch, seed: int = 2) -> StepBatch:
+    """``b`` as tree rollouts: in each group, episodes 1-7 continue episode 0 from one of its turns.
+
+    A continuation re-plays the trunk's first ``p`` turns (the same nodes, inactive rows, as the
+    rollout stores them), then takes turns of its own (new nodes, each the child of the one before).
+    """
+    rng = np.random.default_rng(seed)
+    episode, step, group = b.episode.numpy(), b.step.numpy(), b.group.numpy()
+    lengths = np.bincount(episode, minlength=group.size)
+    start = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    node, parent = np.arange(episode.size), np.full(episode.size, -1)
+    active = np.ones(episode.size, dtype=bool)
+    trunk = {}
+    for e in range(group.size):
+        rows = start[e] + np.arange(lengths[e])
+        t = trunk.setdefault(int(group[e]), e)
+        prefix = 0 if t == e else int(rng.integers(0, min(lengths[t], lengths[e] - 1) + 1))
+        node[rows[:prefix]] = start[t] + np.arange(prefix)
+        active[rows[:prefix]] = False
+        own = rows[prefix:]
+        parent[own[1:]] = own[:-1]
+        parent[own[0]] = start[t] + prefix - 1 if prefix else -1
+    assert (step[start] == 0).all()
+    return StepBatch(episode=b.episode, step=b.step, reward=b.reward, anchor=b.anchor, group=b.group, score=b.score,
+                     active=torch.from_numpy(active), node=torch.from_numpy(node), parent=torch.from_numpy(parent))
+
+
+def step_scores(b: StepBatch, seed: int = 3) -> torch.Tensor:
+    """Stand-ins for a process reward model's step scores on ``b``."""
+    return torch.rand(b.episode.numel(), generator=torch.Generator().manual_seed(seed))
+
+
+def _process(fn, **options):
+    # the options the CLI passes by default: explicit prm (gamma 0, group baseline), the implicit PRMs
+    # (gamma 1, leave-one-out baseline), never the step term's std division; prm_gigpo adds the anchor term
+    return lambda b: fn(b, step_scores=step_scores(b), step_norm_by_std=False, **options)
+
+
+def _tree(fn):
+    return lambda b: fn(with_tree(b))
+
+
 def cases() -> list[tuple[str, Callable[[StepBatch], torch.Tensor], Callable[[StepBatch], list]]]:
     """(name, vectorised, reference) of every estimator with the options the CLI passes by default."""
     return [
@@ -100,6 +142,13 @@ def cases() -> list[tuple[str, Callable[[StepBatch], torch.Tensor], Callable[[St
          _filtered_reference),
         ("turn_ppo", _turn_ppo(credit.turn_gae), _turn_ppo(ref.turn_gae_reference)),
         ("archer", _archer(credit.archer), _archer(ref.archer_reference)),
+        ("prm", _process(credit.process, gamma=0.0, baseline="group"),
+         _process(ref.process_reference, gamma=0.0, baseline="group")),
+        ("implicit_prm", _process(credit.process, gamma=1.0, baseline="rloo"),
+         _process(ref.process_reference, gamma=1.0, baseline="rloo")),
+        ("prm_gigpo", _process(credit.process, gamma=0.0, baseline="group", anchor_weight=1.0),
+         _process(ref.process_reference, gamma=0.0, baseline="group", anchor_weight=1.0)),
+        ("tree", _tree(credit.tree), _tree(credit.tree_reference)),
     ]
 
 

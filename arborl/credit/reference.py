@@ -48,9 +48,10 @@ def _length_weights_reference(batch: StepBatch) -> list[float]:
     return [mean / max(turns[e], 1) for e in episode]
 
 
-def _returns_reference(batch: StepBatch, gamma: float) -> list[float]:
-    """Reward-to-go of every step within its episode."""
-    episode, step, reward = batch.episode.tolist(), batch.step.tolist(), batch.reward.tolist()
+def _returns_reference(batch: StepBatch, gamma: float, values: list[float] | None = None) -> list[float]:
+    """Discounted sum-to-go of ``values`` (default: the rewards) of every step within its episode."""
+    episode, step = batch.episode.tolist(), batch.step.tolist()
+    reward = batch.reward.tolist() if values is None else values
     rows: dict[int, list[int]] = {}
     for i, e in enumerate(episode):
         rows.setdefault(e, []).append(i)
@@ -158,6 +159,8 @@ def archer_reference(batch: StepBatch, *, q_values, values, whiten: bool = False
     if whiten:
         return _whiten_by_episode_reference(adv, batch, eps)
     return [a * ok for a, ok in zip(adv, _flags(batch.active, len(adv)), strict=True)]
+
+
 def process_reference(batch: StepBatch, *, step_scores, weight: float = 1.0, gamma: float = 0.0,
                       norm_by_std: bool = True, eps: float = 1e-6, length_neutral: bool = False,
                       singleton: str = "raw", baseline: str = "group",
@@ -166,17 +169,14 @@ def process_reference(batch: StepBatch, *, step_scores, weight: float = 1.0, gam
     """Slow loop version of :func:`arborl.credit.process.process`."""
     ep = _episode_reference(batch, baseline="mean", norm_by_std=norm_by_std, eps=eps, singleton=singleton)
     active = _flags(batch.active, batch.episode.numel())
-    episode, step = batch.episode.tolist(), batch.step.tolist()
+    episode = batch.episode.tolist()
     raw = step_scores.tolist()
     if baseline == "previous":
         raw = _deltas_reference(batch, raw, active)
     elif baseline == "rloo":
         raw = _centred_reference(batch, raw, active)
     scores = [s if a else 0.0 for s, a in zip(raw, active, strict=True)]
-    to_go = [0.0] * len(scores)
-    for i in range(len(scores)):  # sum over the same episode's later steps, one row at a time
-        to_go[i] = sum(gamma ** (step[j] - step[i]) * scores[j] for j in range(len(scores))
-                       if episode[j] == episode[i] and step[j] >= step[i])
+    to_go = _returns_reference(batch, gamma, scores)
     group = batch.group.tolist()
     keys = [(group[e],) if a else ("inactive", i) for i, (e, a) in enumerate(zip(episode, active, strict=True))]
     step_norm = norm_by_std if step_norm_by_std is None else step_norm_by_std
@@ -184,11 +184,12 @@ def process_reference(batch: StepBatch, *, step_scores, weight: float = 1.0, gam
     members: dict[tuple, list[float]] = {}
     for k, g in zip(keys, to_go, strict=True):
         members.setdefault(k, []).append(g)
-    for i, k in enumerate(keys):  # a group without spread beyond float noise gets no step term
-        vals = members[k]
+    flat = set()  # groups without spread beyond float noise get no step term
+    for k, vals in members.items():
         mean = sum(vals) / len(vals)
         if len(vals) < 2 or (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 <= NOISE_STD:
-            a_step[i] = 0.0
+            flat.add(k)
+    a_step = [0.0 if k in flat else a for k, a in zip(keys, a_step, strict=True)]
     combined = [ep[e] + weight * s for e, s in zip(episode, a_step, strict=True)]
     if anchor_weight:
         anchor = _anchor_reference(batch, gamma=anchor_gamma, norm_by_std=norm_by_std, eps=eps)
@@ -205,11 +206,18 @@ def _centred_reference(batch: StepBatch, scores: list[float], active: list[bool]
         if active[i]:
             own.setdefault(e, []).append(scores[i])
     means = {e: sum(v) / len(v) for e, v in own.items()}
+    total: dict[int, float] = {}
+    count: dict[int, int] = {}
+    for e, m in means.items():
+        total[group[e]] = total.get(group[e], 0.0) + m
+        count[group[e]] = count.get(group[e], 0) + 1
     out = []
     for i, e in enumerate(episode):
-        peers = [m for j, m in means.items() if j != e and group[j] == group[e]]
+        g = group[e]  # the other episodes' means: the group's, less this episode's own if it has one
+        peer_sum = total.get(g, 0.0) - means.get(e, 0.0)
+        peers = count.get(g, 0) - (e in means)
         if peers:
-            out.append(scores[i] - sum(peers) / len(peers))
+            out.append(scores[i] - peer_sum / peers)
         else:
             out.append(scores[i] - means.get(e, 0.0))
     return out
