@@ -2,7 +2,7 @@
 
     arborl compare CONFIG.toml --methods grpo,gigpo,best_step,sft_more --seeds 3 \\
         [--budget-env-steps N] [--jobs J] [--out DIR] [--resume] [--set key=value ...] \\
-        [--method-set METHOD:key=value ...]
+        [--method-set METHOD:key=value ...] [--baseline METHOD]
 
 A *method* is a name of :data:`arborl.cli.COMPARE_METHODS` (an ``rl.credit`` estimator plus the
 settings it needs, e.g. ``best_step`` turns branch rollouts on), or any other ``rl.credit`` name
@@ -22,7 +22,10 @@ the run before the first iteration that would start with the budget spent.
 the median RL run's wall time (at the SFT run's measured seconds per step), evaluated the same way.
 
 Outputs in ``OUT``: ``compare.json``, ``compare.md``, ``compare.png`` (every method's success
-curve over env steps, mean and band of one std over seeds); the table is printed too. A run that
+curve over env steps, mean and band of one std over seeds); the table is printed too. Its gap
+column is each method's final success minus the baseline's (``--baseline``, default ``grpo``),
+seed by seed, as mean ± standard error (:func:`paired_gap`): the seeds' SFT starts differ more
+than the methods do, so the rows' stds overlap where the per-seed gaps agree. A run that
 fails (its last error line) or diverges (a non-finite loss) gets its row with the error, and the
 others go on. A run that finishes but *collapses* (final held-out success under
 :data:`COLLAPSE_FRACTION` of its SFT start: a policy driven off the answer format, or into a loop)
@@ -353,9 +356,52 @@ def method_row(method: str, results: list[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
+def paired_gap(results: list[dict[str, Any]], method: str, baseline: str) -> dict[str, Any] | None:
+    """``method``'s final success minus ``baseline``'s, seed by seed: mean and standard error over the seeds.
+
+    A seed counts when both runs finished with a success figure. Runs of one seed start RL from the
+    same SFT checkpoint, so the per-seed difference removes what the start contributes; its standard
+    error (sample std / sqrt(n); 0 for one seed) is the uncertainty of "``method`` beats ``baseline``",
+    much smaller than the two rows' stds suggest when seeds differ more than methods do.
+
+    Returns:
+        ``{"vs", "mean", "se", "n"}``, or None for the baseline itself or when no seed has both.
+    """
+    if method == baseline:
+        return None
+
+    def done(m: str) -> dict[int, float]:
+        return {r["seed"]: r["success"] for r in results
+                if r["method"] == m and r["error"] is None and r.get("success") is not None}
+
+    mine, theirs = done(method), done(baseline)
+    diffs = [mine[s] - theirs[s] for s in sorted(mine.keys() & theirs.keys())]
+    if not diffs:
+        return None
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
+    return {"vs": baseline, "mean": statistics.fmean(diffs), "se": se, "n": len(diffs)}
+
+
+def pick_baseline(methods: Sequence[str], asked: str | None) -> str:
+    """The method the gap column compares with: ``asked``, else ``grpo`` when it runs, else the first method.
+
+    Raises:
+        ConfigError: ``asked`` is not one of ``methods``.
+    """
+    from arborl.config import ConfigError
+
+    if asked:
+        if asked not in methods:
+            raise ConfigError(f"--baseline {asked!r} is not one of --methods ({', '.join(methods)}); "
+                              "add it there or name one of them")
+        return asked
+    return "grpo" if "grpo" in methods else methods[0]
+
+
 COLUMNS = (
     ("method", "method"),
     ("success", "success"),
+    ("gap", "gap"),
     ("success_by_seed", "per seed"),
     ("auc", "AUC"),
     ("wall_s", "wall s"),
@@ -369,6 +415,8 @@ COLUMNS = (
 
 LEGEND = (
     "success: final greedy success on eval.episodes held-out tasks, mean ± std (n - 1) over seeds; "
+    "gap: success minus the baseline method's (named in the column title), seed by seed (both start from that "
+    "seed's SFT checkpoint), mean ± standard error over the seeds both finished; "
     "AUC: mean success along the RL budget (trapezoid area of the success curve over RL env steps / env steps "
     "spanned; the curve is the SFT start, the probes, then the final evaluation); wall s: training seconds from "
     "scratch (the seed's SFT + RL, or sft_more's SFT); tokens: model tokens trained on in RL; no-signal: fraction "
@@ -384,6 +432,8 @@ def _cell(key: str, value: Any) -> str:
         return "—" if key != "error" else ""
     if key == "success_by_seed":
         return " / ".join("—" if v is None else f"{v:.3f}" for v in value)
+    if key == "gap":
+        return f"{value['mean']:+.3f} ± {value['se']:.3f} ({value['n']})"  # (n): the seeds it is over
     if isinstance(value, dict):
         digits = {"success": 3, "auc": 3, "no_signal_frac": 2}.get(key, 0)
         mean = f"{value['mean']:,.{digits}f}"
@@ -391,10 +441,17 @@ def _cell(key: str, value: Any) -> str:
     return str(value)
 
 
+def _columns(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """:data:`COLUMNS` with the gap column titled by its baseline (dropped when no row has a gap)."""
+    vs = next((r["gap"]["vs"] for r in rows if r.get("gap")), None)
+    return [(k, f"gap to {vs}" if k == "gap" else t) for k, t in COLUMNS if k != "gap" or vs is not None]
+
+
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    """The method rows as a Markdown table (success and AUC as mean ± std, the rest as means)."""
-    lines = ["| " + " | ".join(t for _, t in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(_cell(k, r.get(k)).replace("|", "/") for k, _ in COLUMNS) + " |" for r in rows]
+    """The method rows as a Markdown table (success and AUC as mean ± std, the gap as mean ± s.e., the rest as means)."""
+    cols = _columns(rows)
+    lines = ["| " + " | ".join(t for _, t in cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_cell(k, r.get(k)).replace("|", "/") for k, _ in cols) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -403,7 +460,7 @@ def print_table(rows: list[dict[str, Any]], title: str, console) -> None:
     from rich.table import Table
 
     table = Table(title=title)
-    cols = [(k, t) for k, t in COLUMNS if k != "error"]  # errors are long: printed under the table
+    cols = [(k, t) for k, t in _columns(rows) if k != "error"]  # errors are long: printed under the table
     for k, t in cols:
         table.add_column(t, justify="left" if k == "method" else "right")
     for r in rows:
@@ -475,6 +532,8 @@ class CompareArgs:
     sets: tuple[str, ...] = ()
     method_sets: tuple[str, ...] = ()
     """``METHOD:key=value`` overrides for one method's RL runs (after its preset)."""
+    baseline: str | None = None
+    """The method the gap column compares with (:func:`pick_baseline`; None: ``grpo`` when it runs, else the first)."""
 
     def per_method(self) -> dict[str, list[str]]:
         """``method_sets`` grouped by method: ``{"best_step": ["rl.lr=5e-4"]}``.
@@ -511,6 +570,7 @@ class CompareArgs:
             if v < 1:
                 raise ConfigError(f"{name} is {v}; it must be >= 1")
         self.per_method()
+        pick_baseline(self.methods, self.baseline)
         out = Path(self.out)
         if not self.resume and out.is_dir() and any(p.is_dir() for p in out.iterdir()):
             raise ConfigError(f"--out {self.out!r} already holds runs of an earlier compare; pass --resume to "
@@ -548,9 +608,11 @@ def run_compare(args: CompareArgs, console=None) -> dict[str, Any]:
     by_seed = {r.seed: r for r in sft_runs}
     results = [run_result(r, by_seed[r.seed]) for r in rl_runs + more]
     results += [{"method": m, "seed": s, "run_dir": None, "error": e} for m, e in unknown.items() for s in range(args.seeds)]
-    rows = [method_row(m, [r for r in results if r["method"] == m]) for m in args.methods]
+    baseline = pick_baseline(args.methods, args.baseline)
+    rows = [method_row(m, [r for r in results if r["method"] == m]) | {"gap": paired_gap(results, m, baseline)}
+            for m in args.methods]
     report = {"config": args.config, "sets": list(args.sets), "method_sets": method_sets,
-              "methods": list(args.methods), "seeds": args.seeds,
+              "methods": list(args.methods), "baseline": baseline, "seeds": args.seeds,
               "budget_env_steps": args.budget, "out": str(out),
               "sft": [run_result_sft(r) for r in sft_runs], "rows": rows, "runs": results}
     _write(report, out, console)
@@ -582,7 +644,7 @@ def _compare(args: argparse.Namespace) -> int:
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     out = args.out or f"runs/compare-{Path(args.config).stem}"
     req = CompareArgs(args.config, methods, args.seeds, args.budget_env_steps, args.jobs, out, args.resume,
-                      tuple(args.set or ()), tuple(args.method_set or ()))
+                      tuple(args.set or ()), tuple(args.method_set or ()), args.baseline or None)
     report = run_compare(req, console=Console())
     return 1 if any(r["seeds_ok"] < len(r["seeds"]) for r in report["rows"]) else 0  # a collapse is no failure
 
@@ -605,4 +667,7 @@ def add_compare_command(sub: Any) -> None:
     p.add_argument("--method-set", action="append", metavar="METHOD:KEY=VALUE",
                    help="override a config value for one method's RL runs, after its preset "
                         "(e.g. best_step:rl.lr=5e-4)")
+    p.add_argument("--baseline", default="",
+                   help="method the gap column compares with, seed by seed (default: grpo when it runs, else the "
+                        "first method)")
     p.set_defaults(func=_compare)

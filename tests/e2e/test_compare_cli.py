@@ -48,6 +48,16 @@ def test_compare_writes_the_table_with_aggregates_of_the_runs(compared):
         assert row["env_steps"]["mean"] == pytest.approx(statistics.fmean(steps))
         cell = f"| {method} | {row['success']['mean']:.3f} ± {row['success']['std']:.3f} |"
         assert cell in (out / "compare.md").read_text()
+    assert report["baseline"] == "grpo" and rows["grpo"]["gap"] is None
+    for method in ("best_step", "sft_more"):  # the per-seed gap to grpo, from the runs' own summaries
+        stage = "sft" if method == "sft_more" else "rl"
+        diffs = [_summary(out / f"{method}-s{s}")[stage]["success"] - _summary(out / f"grpo-s{s}")["rl"]["success"]
+                 for s in (0, 1)]
+        gap = rows[method]["gap"]
+        assert gap["vs"] == "grpo" and gap["n"] == 2 and gap["mean"] == pytest.approx(statistics.fmean(diffs))
+        assert gap["se"] == pytest.approx(statistics.stdev(diffs) / math.sqrt(2))
+    assert rows["no_such_method"]["gap"] is None
+    assert "| gap to grpo |" in (out / "compare.md").read_text()
     assert "unknown method 'no_such_method'" in rows["no_such_method"]["error"]
     assert rows["sft_more"]["error"] is None
     assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -19,6 +19,8 @@ from arborl.train.compare import (
     markdown_table,
     mean_curve,
     method_row,
+    paired_gap,
+    pick_baseline,
     resolve_method,
 )
 from arborl.train.config import RLConfig, TrainConfig
@@ -86,6 +88,37 @@ def test_method_row_aggregates_finished_seeds_and_keeps_the_error():
     assert "| grpo | 0.700 ± 0.141 | 0.600 / 0.800 / — | 0.500 ± 0.000 | 15 | 100 | 0.50 | 1,000 | 4 | seed 2: exit 1: boom |" in md
 
 
+def test_paired_gap_is_the_mean_and_standard_error_of_per_seed_differences_by_hand():
+    results = [_result("grpo", 0, 0.30), _result("grpo", 1, 0.50), _result("grpo", 2, 0.40), _result("grpo", 3, 0.9),
+               _result("gigpo", 0, 0.40), _result("gigpo", 1, 0.50), _result("gigpo", 2, 0.60),
+               _result("gigpo", 3, None, error="exit 1: boom")]
+    gap = paired_gap(results, "gigpo", "grpo")
+    # seeds 0-2 only (seed 3 failed for gigpo): differences 0.1, 0.0, 0.2; mean 0.1, std 0.1, s.e. 0.1 / sqrt(3)
+    assert gap == {"vs": "grpo", "mean": pytest.approx(0.1), "se": pytest.approx(0.1 / math.sqrt(3)), "n": 3}
+    assert paired_gap(results, "grpo", "grpo") is None  # the baseline's own row
+    assert paired_gap(results + [_result("rloo", 7, 0.2)], "rloo", "grpo") is None  # no seed in common
+    one = paired_gap([_result("grpo", 0, 0.3), _result("tree", 0, 0.2)], "tree", "grpo")
+    assert one["mean"] == pytest.approx(-0.1) and one["se"] == 0.0 and one["n"] == 1
+
+
+def test_the_baseline_is_grpo_when_it_runs_else_the_first_method_or_the_one_asked():
+    assert pick_baseline(("gigpo", "grpo"), None) == "grpo"
+    assert pick_baseline(("gigpo", "best_step"), None) == "gigpo"
+    assert pick_baseline(("gigpo", "grpo"), "gigpo") == "gigpo"
+    with pytest.raises(ConfigError, match=r"--baseline 'rloo' is not one of --methods \(gigpo, grpo\)"):
+        pick_baseline(("gigpo", "grpo"), "rloo")
+
+
+def test_the_gap_column_is_titled_by_its_baseline_and_signed():
+    results = [_result("grpo", 0, 0.30), _result("grpo", 1, 0.50), _result("tree", 0, 0.25), _result("tree", 1, 0.45)]
+    rows = [method_row(m, [r for r in results if r["method"] == m]) | {"gap": paired_gap(results, m, "grpo")}
+            for m in ("grpo", "tree")]
+    md = markdown_table(rows).splitlines()
+    assert md[0].startswith("| method | success | gap to grpo | per seed |")
+    assert md[2].startswith("| grpo | 0.400 ± 0.141 | — | 0.300 / 0.500 |")
+    assert md[3].startswith("| tree | 0.350 ± 0.141 | -0.050 ± 0.000 (2) | 0.250 / 0.450 |")
+
+
 def test_method_row_of_a_method_that_never_ran_says_its_error_once():
     err = "unknown method 'x'"
     row = method_row("x", [{"method": "x", "seed": s, "error": err} for s in range(3)])
@@ -150,4 +183,10 @@ def test_method_sets_group_by_method_in_order():
 def test_a_bad_method_set_is_refused_before_any_run(entry, says, tmp_path):
     args = CompareArgs("c.toml", ("grpo", SFT_MORE), 1, out=str(tmp_path), method_sets=(entry,))
     with pytest.raises(ConfigError, match=re.escape(says)):
+        args.check()
+
+
+def test_a_baseline_that_does_not_run_is_refused_before_any_run(tmp_path):
+    args = CompareArgs("c.toml", ("grpo", SFT_MORE), 1, out=str(tmp_path), baseline="gigpo")
+    with pytest.raises(ConfigError, match=re.escape("--baseline 'gigpo' is not one of --methods (grpo, sft_more)")):
         args.check()
