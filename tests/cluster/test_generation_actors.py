@@ -81,6 +81,7 @@ def test_an_update_reaches_every_actor_and_samples_the_next_batch(ray_driver, ra
     assert torch.allclose(logp[mask], batch.old_logp[mask], atol=1e-5), (logp[mask] - batch.old_logp[mask]).abs().max()
 
 
+@pytest.mark.slow  # 30-60 s on a 2-core AVX2 host
 def test_a_killed_actor_is_restarted_and_its_share_gives_the_same_episodes(ray_driver, ray_cluster, start, tmp_path):
     address = ray_cluster.address
     flag = tmp_path / "die"
@@ -97,6 +98,7 @@ def test_a_killed_actor_is_restarted_and_its_share_gives_the_same_episodes(ray_d
     assert view(got) == view(want)
 
 
+@pytest.mark.slow  # 30-60 s on a 2-core AVX2 host
 def test_sampling_ahead_on_the_actors_uses_the_scheduled_versions(ray_driver, ray_cluster, start, tmp_path):
     model, _, actors = pool(config(tmp_path, ray_cluster.address, staleness=1), start)
     with actors:

@@ -40,6 +40,7 @@ def test_each_process_reward_method_runs_end_to_end(tmp_path, credit, metric, an
     assert f"anchor_weight = {anchor}" in (run / "config.toml").read_text()
 
 
+@pytest.mark.slow  # 30-60 s on a 2-core AVX2 host
 def test_a_resumed_prm_run_continues_from_the_saved_reward_model(tmp_path):
     run = tmp_path / "run"
     run_tiny(run, "rl.credit=prm")

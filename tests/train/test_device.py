@@ -49,6 +49,7 @@ def _run(run_dir: Path, *overrides: str) -> None:
     assert got.returncode == 0, got.stderr[-2000:]
 
 
+@pytest.mark.slow  # 30-60 s on a 2-core AVX2 host
 @pytest.mark.skipif(torch.cuda.is_available(), reason="auto picks the GPU here")
 def test_device_cpu_trains_exactly_as_the_default(tmp_path):
     _run(tmp_path / "default")
