@@ -375,11 +375,10 @@ def paired_gap(results: list[dict[str, Any]], method: str, baseline: str) -> dic
                 if r["method"] == m and r["error"] is None and r.get("success") is not None}
 
     mine, theirs = done(method), done(baseline)
-    diffs = [mine[s] - theirs[s] for s in sorted(mine.keys() & theirs.keys())]
-    if not diffs:
+    agg = aggregate([mine[s] - theirs[s] for s in sorted(mine.keys() & theirs.keys())])
+    if agg is None:
         return None
-    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
-    return {"vs": baseline, "mean": statistics.fmean(diffs), "se": se, "n": len(diffs)}
+    return {"vs": baseline, "mean": agg["mean"], "se": agg["std"] / math.sqrt(agg["n"]), "n": agg["n"]}
 
 
 def pick_baseline(methods: Sequence[str], asked: str | None) -> str:
