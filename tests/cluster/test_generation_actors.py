@@ -51,6 +51,7 @@ def view(ro) -> list:
              [(t.observation, t.output_ids, t.output_logprobs, t.reward, t.policy_version) for t in e.turns]) for e in ro.episodes]
 
 
+@pytest.mark.slow  # 35 s plus the cluster's start on a 2-core AVX2 host
 def test_an_update_reaches_every_actor_and_samples_the_next_batch(ray_driver, ray_cluster, start, tmp_path):
     from arborl.train.async_rollout import plain_state
 

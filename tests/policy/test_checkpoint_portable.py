@@ -65,6 +65,7 @@ def _arborl_greedy(cfg, make_env, path, seeds):
     return run_episodes(ModelPolicy(model, renderer), make_env, specs, rcfg, generator=torch.Generator().manual_seed(0))
 
 
+@pytest.mark.slow  # shares the module's demo run: ~40 s on a 2-core AVX2 host
 def test_plain_transformers_reproduces_arborl_greedy_episodes(demo_policy):
     cfg, make_env, path = demo_policy
     seeds = [cfg.env.eval_seed_start + k for k in range(12)]
@@ -94,6 +95,7 @@ def test_plain_transformers_reproduces_arborl_greedy_episodes(demo_policy):
     assert len(tok.tokenize(obs)) == len(obs.split()) == 8  # one token per map word
 
 
+@pytest.mark.slow  # shares the module's demo run: ~40 s on a 2-core AVX2 host
 def test_stock_tokenizer_files_carry_template_and_special_tokens(demo_policy):
     _, _, path = demo_policy
     tok = AutoTokenizer.from_pretrained(path)

@@ -153,6 +153,7 @@ def test_a_held_out_name_is_made_of_pieces_the_training_text_holds_many_times():
     assert sorted(seen_per_piece)[len(seen_per_piece) // 2] >= 50  # a typical piece: in dozens of training texts
 
 
+@pytest.mark.slow  # 31 s on a 2-core AVX2 host
 def test_train_and_eval_checkpoint_through_the_cli_with_the_bpe_tokenizer(tmp_path):
     run = tmp_path / "run"
     extra = ['policy.tokenizer="bpe"', "policy.tokenizer_vocab_size=300", 'stages=["synth","sft","eval"]']
