@@ -135,6 +135,19 @@ def credited_turns(ep: Episode) -> tuple[int, int]:
     return (o.turn, o.turn + 1) if o.kind == "branch" else (o.turn, n)
 
 
+def own_turns(ep: Episode) -> int:
+    """Turns of ``ep``'s path that are its own: every turn of a policy sample, a continuation's from ``origin.turn`` on.
+
+    A continuation's first ``origin.turn`` turns are its trunk's (the same turns, stored once): the
+    env re-plays their actions only to reach the state the continuation starts from, and they hold
+    no new experience. A run's ``env_steps`` counts own turns, so each node of a rollout tree is
+    one step of the budget, as the tree's turns are counted by Tree-GRPO (Ji et al. 2025); the
+    re-played ones are counted apart (``replayed_steps``).
+    """
+    n = len(ep.path())
+    return n if ep.origin is None else max(0, n - ep.origin.turn)
+
+
 def branch_diverged(ep: Episode) -> bool:
     """True when a continuation's re-play did not reach the state it was meant to continue from."""
     o = ep.origin

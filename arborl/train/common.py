@@ -20,7 +20,8 @@ METRICS = {
     "stage": "which stage wrote the row (sft, rl)",
     "step": "optimizer step (sft) or iteration (rl) within the stage, from 1",
     "time": "unix time the row was written",
-    "env_steps": "environment steps of experience consumed so far in the run (demonstrations + rollouts)",
+    "env_steps": "environment steps of experience consumed so far in the run (demonstrations + rollouts); a "
+                 "continuation's re-played prefix (branches, tree rollouts) is its trunk's turns and not counted again",
     # probe evaluations (rows of every sft.eval_every steps / rl.eval_every iterations)
     "success": "fraction of evaluated episodes with rewards['success'] > 0 (greedy, held-out tasks)",
     "reward": "mean episode return (sum of env rewards) on the same evaluation",
@@ -65,6 +66,8 @@ METRICS = {
     "tools/time_share": "share of this iteration's rollout time spent in tool calls: sum of tool latencies over "
                         "sum of (generate + env) seconds of every turn (0 without tools)",
     "tokens": "model-generated tokens trained on in RL so far (of the episodes the updates used)",
+    "replayed_steps": "RL: environment steps re-played so far to reach the start state of continuations (a trunk's "
+                      "turns again, for branches and tree rollouts); not part of env_steps",
     # per-phase wall-clock profile of each RL iteration (seconds; arborl.train.profile)
     "time/rollout": "RL: seconds of the iteration's group rollouts",
     "time/branch": "RL: seconds of the iteration's branch rollouts (rl.branch)",

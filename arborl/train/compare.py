@@ -12,10 +12,11 @@ starts RL from that checkpoint, so methods differ only in what RL does. Each run
 ``arborl train`` in its own process and run directory (``OUT/<method>-s<seed>``), ``--jobs`` of
 them at a time.
 
-Budget: every RL run may spend ``--budget-env-steps`` environment steps of rollouts (branch
-turns included). It is translated into ``rl.iterations`` from the method's expected env steps per
-iteration (:func:`env_steps_per_iteration`; a branch method takes several times more per
-iteration), which sets the length of the learning-rate schedule, and ``rl.max_env_steps`` stops
+Budget: every RL run may spend ``--budget-env-steps`` environment steps of rollouts (the own
+turns of branches and tree continuations included; the prefix a continuation re-plays to reach
+its start state is its trunk's turns, counted once, as ``replayed_steps`` apart). It is
+translated into ``rl.iterations`` from the method's expected env steps per iteration
+(:func:`env_steps_per_iteration`; a branch method takes several times more per iteration), which sets the length of the learning-rate schedule, and ``rl.max_env_steps`` stops
 the run before the first iteration that would start with the budget spent.
 
 ``sft_more`` is the SFT stage alone with more steps: the seed's SFT steps plus as many as fit in
@@ -110,16 +111,22 @@ def env_steps_per_iteration(rl, turns: float, n_actions: int) -> float:
         n_actions: Size of the env's action set (branch rollouts only).
 
     Returns:
-        ``tasks * group * turns`` sampled steps; with ``rl.branch`` plus, for each task, the states of
-        one path (``turns`` of them, the group mostly agreeing; at most ``rl.branch_states`` when that
-        is set) times the ``n_actions - 1`` untried actions, each branch re-playing and finishing about
-        a whole episode (``turns`` steps).
+        ``tasks * group * turns`` sampled steps, plus the continuations' own steps (a re-played
+        prefix is the trunk's turns and not counted: :func:`arborl.rollout.branch.own_turns`). A
+        continuation starts at a turn of a path, about uniformly placed, so it takes
+        ``(turns + 1) / 2`` own steps on average. ``rl.tree``: ``tree_nodes`` turns a task (at
+        most ``turns * group``, the group's turns), ``tree_k`` continuations each. ``rl.branch``:
+        the states of one path (``turns``, the group mostly agreeing; at most
+        ``rl.branch_states``) times the ``n_actions - 1`` untried actions a task.
     """
     sampled = rl.tasks_per_iter * rl.group_size * turns
-    if not rl.branch:
-        return sampled
-    states = min(turns, rl.branch_states) if rl.branch_states else turns
-    return sampled + rl.tasks_per_iter * states * max(n_actions - 1, 0) * turns
+    rest = (turns + 1) / 2
+    if rl.tree:
+        sampled += rl.tasks_per_iter * min(rl.tree_nodes, turns * rl.group_size) * rl.tree_k * rest
+    if rl.branch:
+        states = min(turns, rl.branch_states) if rl.branch_states else turns
+        sampled += rl.tasks_per_iter * states * max(n_actions - 1, 0) * rest
+    return sampled
 
 
 def iterations_for(budget: int, per_iteration: float) -> int:
@@ -657,7 +664,8 @@ def add_compare_command(sub: Any) -> None:
                    help="comma-separated methods (presets of arborl.cli.COMPARE_METHODS, rl.credit names, sft_more)")
     p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per method (default 3)")
     p.add_argument("--budget-env-steps", type=int, default=DEFAULT_BUDGET,
-                   help=f"RL environment steps per run, branches included (default {DEFAULT_BUDGET:,})")
+                   help="RL environment steps per run: own turns of branches and tree continuations included, "
+                        f"their re-played prefixes not (default {DEFAULT_BUDGET:,})")
     p.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
                    help="runs at a time, each its own process (default: usable cores)")
     p.add_argument("--out", default="", help="output folder (default runs/compare-<config name>)")

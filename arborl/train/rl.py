@@ -53,7 +53,7 @@ from arborl.policy.model import (
 )
 from arborl.policy.vision import image_spec
 from arborl.rollout import RolloutConfig, run_episodes
-from arborl.rollout.branch import branch_specs
+from arborl.rollout.branch import branch_specs, own_turns
 from arborl.rollout.http_policy import rollout_policy
 from arborl.rollout.kvcache import PrefixCache
 from arborl.rollout.media import image_inputs, media_of
@@ -446,7 +446,12 @@ def _learn(cfg: TrainConfig, it: int, lrn: _Learner, ro: Rollout, store, credit:
             terms |= lrn.credit_model.fit(ctx)
     # metrics
     n_turns = int(steps.episode.numel())
-    lrn.counters["env_steps"] += n_turns
+    # env steps of experience: every rolled-out episode's own turns (dropped ones too); a continuation's
+    # re-played prefix is its trunk's turns again and is counted apart
+    new_turns = sum(own_turns(e) for e in ro.episodes)
+    lrn.counters["env_steps"] += new_turns
+    lrn.counters["replayed_steps"] = (lrn.counters.get("replayed_steps", 0)
+                                      + sum(len(e.path()) for e in ro.episodes) - new_turns)
     lrn.counters["tokens"] += int(batch.loss_mask[rows].sum())  # the episodes the update used
     lrn.counters["train/filter_empty"] = lrn.counters.get("train/filter_empty", 0) + int(not groups.any())
     row = {

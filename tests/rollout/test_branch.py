@@ -15,7 +15,7 @@ from arborl.rollout import (
     ScriptedPolicy,
     run_episodes,
 )
-from arborl.rollout.branch import branch_diverged, branch_specs, continuation_spec, credited_turns
+from arborl.rollout.branch import branch_diverged, branch_specs, continuation_spec, credited_turns, own_turns
 from arborl.rollout.kvcache import PrefixCache
 from arborl.train.batch import collate, step_batch
 from arborl.trajectory.schema import Origin, linearize
@@ -95,6 +95,8 @@ def test_branches_try_every_untried_action_at_every_visited_state(lake_policy):
         assert not branch_diverged(br)
         assert br.path()[k].state_key == path[k].state_key
         assert br.path()[k].action == spec_b.branch_action
+        assert own_turns(br) == len(br.path()) - k  # the forced action and the policy's finish, not the re-play
+    assert [own_turns(t) for t in trunks] == [6, 6]
     # shared prefix turns carry no credit and branches are not group samples
     steps = step_batch(trunks + branches)
     assert steps.sampled.tolist() == [True, True] + [False] * len(branches)
@@ -122,6 +124,7 @@ def test_diverged_branch_is_detected_and_gets_no_credit(lake_policy):
     (br,) = run_episodes(ModelPolicy(model, renderer), [FrozenLake(size=4)], [other], _cfg(10),
                          generator=torch.Generator().manual_seed(1))
     assert branch_diverged(br)
+    assert own_turns(br) == len(br.path()) - bspec.origin.turn  # its steps were taken all the same
     steps = step_batch([br])
     assert not steps.active.any()
 

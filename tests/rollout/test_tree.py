@@ -7,6 +7,7 @@ import torch
 
 from arborl.policy import token_logprobs
 from arborl.rollout import EpisodeSpec, ModelPolicy, RolloutConfig, SamplingConfig, run_episodes
+from arborl.rollout.branch import own_turns
 from arborl.rollout.kvcache import PrefixCache
 from arborl.rollout.tree import tree_specs, turn_entropy
 from arborl.store import open_store
@@ -82,6 +83,9 @@ def test_tree_continuations_share_the_prefix_and_their_log_probs_are_the_policys
         store.put_many(trunks + conts)
         rows = sum(store.index_row(e.episode_id).n_nodes for e in trunks + conts)
         assert rows == sum(len(t.turns) for t in trunks) + sum(len(c.path()) - c.origin.turn for c in conts)
+        # env steps of experience: each stored turn once; the prefixes the env re-played are counted apart
+        assert sum(own_turns(e) for e in trunks + conts) == rows
+        assert sum(len(e.path()) - own_turns(e) for e in conts) == sum(c.origin.turn for c in conts) > 0
         back = store.get_many([e.episode_id for e in trunks + conts])
     assert back == trunks + conts
     # credit structure: a shared turn is one node, a continuation trains on its own turns only

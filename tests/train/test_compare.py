@@ -32,17 +32,24 @@ def test_budget_in_env_steps_becomes_iterations_by_hand():
     group = RLConfig(tasks_per_iter=16, group_size=4, branch=False)
     # 16 tasks x 4 rollouts x 3.5 turns
     assert env_steps_per_iteration(group, 3.5, 4) == 224
-    # branches: 16 tasks x 3.5 states x 3 untried actions x 3.5 turns each = 588 more
+    # branches: 16 tasks x 3.5 states x 3 untried actions, each (3.5 + 1) / 2 = 2.25 own steps on
+    # average (a branch re-plays its trunk's prefix, which is not counted) = 378 more
     branch = RLConfig(tasks_per_iter=16, group_size=4, branch=True)
-    assert env_steps_per_iteration(branch, 3.5, 4) == 224 + 588
-    # rl.branch_states = 2: 16 tasks x 2 states x 3 untried actions x 3.5 turns = 336 more
+    assert env_steps_per_iteration(branch, 3.5, 4) == 224 + 378
+    # rl.branch_states = 2: 16 tasks x 2 states x 3 untried actions x 2.25 = 216 more
     capped = RLConfig(tasks_per_iter=16, group_size=4, branch=True, branch_states=2)
-    assert env_steps_per_iteration(capped, 3.5, 4) == 224 + 336
+    assert env_steps_per_iteration(capped, 3.5, 4) == 224 + 216
     # a cap above the path's states changes nothing
     assert env_steps_per_iteration(RLConfig(tasks_per_iter=16, group_size=4, branch=True, branch_states=9), 3.5, 4) \
-        == 224 + 588
+        == 224 + 378
+    # tree rollouts: 16 tasks x 2 nodes x 2 continuations x (2.5 + 1) / 2 = 112 more, no action set needed
+    tree = RLConfig(tasks_per_iter=16, group_size=4, tree=True, tree_nodes=2, tree_k=2, credit="tree")
+    assert env_steps_per_iteration(tree, 2.5, 0) == 160 + 112
+    # a group with fewer turns than tree_nodes: every turn of it (1 turn x 2 members), 2 continuations of 1 step
+    short = RLConfig(tasks_per_iter=16, group_size=2, tree=True, tree_nodes=5, tree_k=2, credit="tree")
+    assert env_steps_per_iteration(short, 1.0, 0) == 32 + 16 * 2 * 2 * 1
     assert iterations_for(6000, 224) == 27  # 26.79 rounded up: the budget is spent, not left over
-    assert iterations_for(6000, 812) == 8  # 7.39: a branch method gets fewer iterations of the same budget
+    assert iterations_for(6000, 602) == 10  # 9.97: a branch method gets fewer iterations of the same budget
     assert iterations_for(6000, 6000) == 1
     assert iterations_for(10, 1e6) == 1  # never 0 iterations
 
