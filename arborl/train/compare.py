@@ -426,8 +426,8 @@ LEGEND = (
     "AUC: mean success along the RL budget (trapezoid area of the success curve over RL env steps / env steps "
     "spanned; the curve is the SFT start, the probes, then the final evaluation); wall s: training seconds from "
     "scratch (the seed's SFT + RL, or sft_more's SFT); tokens: model tokens trained on in RL; no-signal: fraction "
-    "of RL groups whose members all succeeded or all failed; env steps, iters: RL rollout turns (branches "
-    "included) and iterations run; means over seeds; error: a failed run's last error line, or a collapsed run's "
+    "of RL groups whose members all succeeded or all failed; env steps, iters: RL rollout turns (own turns of "
+    "branches and tree continuations included, their re-played prefixes not) and iterations run; means over seeds; error: a failed run's last error line, or a collapsed run's "
     "note (final success under half its SFT start; its numbers stay in the row)."
 )
 """What the columns mean (printed under the Markdown table)."""

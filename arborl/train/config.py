@@ -442,8 +442,9 @@ class RLConfig:
     eval_every: int = 10
     """Evaluate on the small held-out set every N iterations (0: never)."""
     max_env_steps: int = 0
-    """Stop RL before an iteration once its rollouts (branches included) have taken this many
-    environment steps, even short of ``iterations`` (0: no limit; ``arborl compare`` sets it)."""
+    """Stop RL before an iteration once its rollouts (the own turns of branches and tree
+    continuations included, not their re-played prefixes) have taken this many environment
+    steps, even short of ``iterations`` (0: no limit; ``arborl compare`` sets it)."""
 
     def __post_init__(self) -> None:
         _check_positive(self, "iterations", "tasks_per_iter", "group_size", "lr", "ppo_epochs", "minibatch_size",
