@@ -16,8 +16,9 @@ Budget: every RL run may spend ``--budget-env-steps`` environment steps of rollo
 turns of branches and tree continuations included; the prefix a continuation re-plays to reach
 its start state is its trunk's turns, counted once, as ``replayed_steps`` apart). It is
 translated into ``rl.iterations`` from the method's expected env steps per iteration
-(:func:`env_steps_per_iteration`; a branch method takes several times more per iteration), which sets the length of the learning-rate schedule, and ``rl.max_env_steps`` stops
-the run before the first iteration that would start with the budget spent.
+(:func:`env_steps_per_iteration`; a branch method takes several times more per iteration),
+which sets the length of the learning-rate schedule, and ``rl.max_env_steps`` stops the run
+before the first iteration that would start with the budget spent.
 
 ``sft_more`` is the SFT stage alone with more steps: the seed's SFT steps plus as many as fit in
 the median RL run's wall time (at the SFT run's measured seconds per step), evaluated the same way.
@@ -427,8 +428,9 @@ LEGEND = (
     "spanned; the curve is the SFT start, the probes, then the final evaluation); wall s: training seconds from "
     "scratch (the seed's SFT + RL, or sft_more's SFT); tokens: model tokens trained on in RL; no-signal: fraction "
     "of RL groups whose members all succeeded or all failed; env steps, iters: RL rollout turns (own turns of "
-    "branches and tree continuations included, their re-played prefixes not) and iterations run; means over seeds; error: a failed run's last error line, or a collapsed run's "
-    "note (final success under half its SFT start; its numbers stay in the row)."
+    "branches and tree continuations included, their re-played prefixes not) and iterations run; means over "
+    "seeds; error: a failed run's last error line, or a collapsed run's note (final success under half its SFT "
+    "start; its numbers stay in the row)."
 )
 """What the columns mean (printed under the Markdown table)."""
 
