@@ -120,14 +120,14 @@ def env_steps_per_iteration(rl, turns: float, n_actions: int) -> float:
         the states of one path (``turns``, the group mostly agreeing; at most
         ``rl.branch_states``) times the ``n_actions - 1`` untried actions a task.
     """
-    sampled = rl.tasks_per_iter * rl.group_size * turns
-    rest = (turns + 1) / 2
+    steps = rl.tasks_per_iter * rl.group_size * turns  # the group rollouts
+    rest = (turns + 1) / 2  # a continuation's own steps
     if rl.tree:
-        sampled += rl.tasks_per_iter * min(rl.tree_nodes, turns * rl.group_size) * rl.tree_k * rest
+        steps += rl.tasks_per_iter * min(rl.tree_nodes, turns * rl.group_size) * rl.tree_k * rest
     if rl.branch:
         states = min(turns, rl.branch_states) if rl.branch_states else turns
-        sampled += rl.tasks_per_iter * states * max(n_actions - 1, 0) * rest
-    return sampled
+        steps += rl.tasks_per_iter * states * max(n_actions - 1, 0) * rest
+    return steps
 
 
 def iterations_for(budget: int, per_iteration: float) -> int:
