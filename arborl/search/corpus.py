@@ -5,22 +5,26 @@ in a year) and companies (founded in a year by a person, headquartered in a city
 is another person). Each entity has one passage. Every name token is unique across the world, so a
 query that names an entity finds its passage.
 
-Questions are 1-hop (the answer is in the subject's passage) or 2-hop (the subject's passage names
-a *bridge* entity, e.g. the founder, and the answer is in the bridge's passage). The generator
-keeps 2-hop questions honest:
+Questions are 1-hop (the answer is in the subject's passage), 2-hop (the subject's passage names
+a *bridge* entity, e.g. the founder, and the answer is in the bridge's passage) or 3-hop (a chain
+of two bridges: company -> founder or CEO -> birth city -> its country or founding year, city ->
+country -> capital; ``three_hop_frac``, 0 by default). The generator keeps multi-hop questions
+honest:
 
-* the bridge is never named in the question, so the second query has to use what the first
-  search returned (``oracle_queries[1]`` contains ``bridge_answers[0]``);
-* no passage that names the subject contains the final answer: a person's passage names the
+* no bridge is named in the question, so each later query has to use what the search before it
+  returned (``oracle_queries[i + 1]`` contains ``bridge_answers[i]``);
+* no passage before the last hop's contains the final answer: a person's passage names the
   birth city but no country; a company's headquarters city is never its founder's or CEO's
   birth city; years of different kinds (cities < 1900, births 1925-1995, companies >= 1950 and
-  >= founder's birth + 22) never coincide.
+  >= founder's birth + 22) never coincide; a capital question is asked only of a city (or of a
+  person born in a city) that is not itself the capital, and not of a person whose company is
+  headquartered in that capital.
 
 Held-out split: a question is ``"test"`` when a hash of its subject's passage id falls in the
 held-out fraction, so train and test questions are about disjoint subjects (a test subject may
 still appear as a bridge in a train question).
 
-    python -m arborl.search.corpus OUT_DIR [--seed 0]    # writes corpus.jsonl and qa.jsonl
+    python -m arborl.search.corpus OUT_DIR [--seed 0] [--three-hop 0.3]    # writes corpus.jsonl and qa.jsonl
 """
 
 from __future__ import annotations
@@ -70,6 +74,9 @@ class CorpusConfig:
     """Questions generated (distinct subject and kind), before the split."""
     two_hop_frac: float = 0.6
     """Fraction of the questions that need two searches."""
+    three_hop_frac: float = 0.0
+    """Fraction of the questions that need three searches (the rest, 1 - two - three, need one).
+    0 draws exactly the questions of earlier versions for the same seed."""
     test_frac: float = 0.2
     """Fraction of subjects (by hash of their passage id) whose questions are held out."""
     filler: bool = True
@@ -84,6 +91,9 @@ class CorpusConfig:
             raise ConfigError("corpus: need n_people >= 4 and n_companies >= 1")
         if not (0.0 <= self.two_hop_frac <= 1.0 and 0.0 <= self.test_frac < 1.0):
             raise ConfigError("corpus: two_hop_frac must be in [0, 1] and test_frac in [0, 1)")
+        if not (self.three_hop_frac >= 0.0 and self.two_hop_frac + self.three_hop_frac <= 1.0):
+            raise ConfigError(f"corpus: three_hop_frac = {self.three_hop_frac} with two_hop_frac = {self.two_hop_frac}; "
+                              "each must be >= 0 and their sum <= 1 (the rest are 1-hop questions)")
         if self.n_questions < 1:
             raise ConfigError("corpus: n_questions must be >= 1")
 
@@ -253,7 +263,34 @@ def _kinds(w: World) -> dict[str, tuple[str, Callable[[int], tuple[str, list[_Ho
         if country.capital == i:
             return None
         return (f"What is the capital of the country where {C[i].name} is located?",
-                [city_hop(i, country.name), _Hop(f"{country.name} country capital", country.pid, C[country.capital].name)])
+                [city_hop(i, country.name), country_hop(country, C[country.capital].name)])
+
+    def country_hop(country: Country, found: str) -> _Hop:
+        return _Hop(f"{country.name} country capital", country.pid, found)
+
+    hqs: dict[int, set[int]] = {}  # person -> the headquarters of the companies whose passages name them
+    for y in Y:
+        hqs.setdefault(y.founder, set()).add(y.hq)
+        hqs.setdefault(y.ceo, set()).add(y.hq)
+
+    def birth_capital(i: int) -> tuple[str, list[_Hop]] | None:
+        city = P[i].city
+        country = N[C[city].country]
+        if country.capital == city or country.capital in hqs.get(i, ()):  # a passage naming them names the answer
+            return None
+        return (f"What is the capital of the country where {P[i].name} was born?",
+                [person_hop(i, C[city].name), city_hop(city, country.name), country_hop(country, C[country.capital].name)])
+
+    def via_person(word: str, role: str, tail: str) -> Callable[[int], tuple[str, list[_Hop]]]:
+        """3-hop: company -> its founder or CEO -> their birth city -> that city's country or founding year."""
+        def build(i: int) -> tuple[str, list[_Hop]]:
+            who = Y[i].founder if role == "founder" else Y[i].ceo
+            city = P[who].city
+            found = N[C[city].country].name if tail == "country" else str(C[city].founded)
+            text = (f"In which country is the city where the {role} of {Y[i].name} was born?" if tail == "country"
+                    else f"In which year was the city where the {role} of {Y[i].name} was born founded?")
+            return text, [company_hop(i, word, P[who].name), person_hop(who, C[city].name), city_hop(city, found)]
+        return build
 
     return {
         "person_birthplace": ("person", lambda i: (f"Where was {P[i].name} born?", [person_hop(i, C[P[i].city].name)])),
@@ -281,6 +318,11 @@ def _kinds(w: World) -> dict[str, tuple[str, Callable[[int], tuple[str, list[_Ho
         "hq_city_founded": ("company", lambda i: (f"In which year was the city where {Y[i].name} is headquartered founded?", [
             company_hop(i, "headquartered", C[Y[i].hq].name), city_hop(Y[i].hq, str(C[Y[i].hq].founded))])),
         "city_capital": ("city", capital),
+        "founder_birth_country": ("company", via_person("founded", "founder", "country")),
+        "ceo_birth_country": ("company", via_person("CEO", "CEO", "country")),
+        "founder_birth_city_founded": ("company", via_person("founded", "founder", "year")),
+        "ceo_birth_city_founded": ("company", via_person("CEO", "CEO", "year")),
+        "person_birth_capital": ("person", birth_capital),
     }
 
 
@@ -294,7 +336,7 @@ def make_questions(world: World, cfg: CorpusConfig) -> list[Question]:
     rng = random.Random(cfg.seed + 1)
     kinds = _kinds(world)
     subjects = {"person": world.people, "city": world.cities, "company": world.companies}
-    by_hops: dict[int, list[str]] = {1: [], 2: []}
+    by_hops: dict[int, list[str]] = {1: [], 2: [], 3: []}
     for name, (stype, build) in kinds.items():
         probe = next((q for q in map(build, range(len(subjects[stype]))) if q is not None), None)
         if probe is not None:  # e.g. no city_capital question when every city is a capital
@@ -308,7 +350,9 @@ def make_questions(world: World, cfg: CorpusConfig) -> list[Question]:
     for _ in range(100 * cfg.n_questions):
         if len(out) == cfg.n_questions:
             break
-        kind = rng.choice(by_hops[2 if rng.random() < cfg.two_hop_frac else 1])
+        roll = rng.random()
+        hops = 3 if roll < cfg.three_hop_frac else 2 if roll < cfg.three_hop_frac + cfg.two_hop_frac else 1
+        kind = rng.choice(by_hops[hops])
         stype, build = kinds[kind]
         i = rng.randrange(len(subjects[stype]))
         built = build(i) if (kind, i) not in seen else None
@@ -347,13 +391,16 @@ def write_dataset(out_dir: str | Path, cfg: CorpusConfig | None = None) -> tuple
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m arborl.search.corpus OUT_DIR [--seed N] [--questions N]``."""
+    """``python -m arborl.search.corpus OUT_DIR [--seed N] [--questions N] [--two-hop F] [--three-hop F]``."""
     p = argparse.ArgumentParser(prog="python -m arborl.search.corpus", description=__doc__.split("\n\n")[0])
     p.add_argument("out_dir")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--questions", type=int, default=CorpusConfig.n_questions)
+    p.add_argument("--two-hop", type=float, default=CorpusConfig.two_hop_frac, help="share of 2-hop questions")
+    p.add_argument("--three-hop", type=float, default=CorpusConfig.three_hop_frac, help="share of 3-hop questions")
     args = p.parse_args(argv)
-    corpus, qa = write_dataset(args.out_dir, CorpusConfig(seed=args.seed, n_questions=args.questions))
+    corpus, qa = write_dataset(args.out_dir, CorpusConfig(seed=args.seed, n_questions=args.questions,
+                                                          two_hop_frac=args.two_hop, three_hop_frac=args.three_hop))
     print(f"wrote {corpus} and {qa}")
     return 0
 

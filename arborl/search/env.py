@@ -11,8 +11,8 @@ It composes, as every tool task does, a task source, a tool table and a reward:
 * **Tasks**: the QA set's questions; ``reset(seed=s)`` plays training question ``s % n_train``
   for ``s < test_seed_start`` and held-out question ``(s - test_seed_start) % n_test`` from there
   on (keep ``test_seed_start`` equal to the trainer's ``env.eval_seed_start``). With ``qa = ""``
-  the seeded generator of :mod:`arborl.search.corpus` makes the corpus and questions (1- and 2-hop,
-  held-out split by subject); a user's QA file without a ``split`` field is split by a hash of
+  the seeded generator of :mod:`arborl.search.corpus` makes the corpus and questions (1-, 2- and,
+  with ``three_hop_frac``, 3-hop; held-out split by subject); a user's QA file without a ``split`` field is split by a hash of
   each question id (``test_frac``).
 * **Tool**: ``search`` (:class:`~arborl.search.tool.SearchTool`) over HTTP. With ``url = ""``
   the env starts an in-process retriever server (:class:`~arborl.search.server.RetrieverServer`)
@@ -25,16 +25,17 @@ It composes, as every tool task does, a task source, a tool table and a reward:
 * **Metrics** at the end of each episode (``info["metrics"]``): ``em``, ``f1``, ``searches`` (search
   calls), and for 2-hop questions ``two_hop_used_first`` (1 when a later query contains the
   bridge entity and the first search's results showed it: the second query used what the first
-  search returned). Where each step fails: ``em_1hop`` / ``em_2hop`` (exact match by the
-  question's hops), ``first_query_subject`` (the first query names the subject, the title of the
+  search returned), for 3-hop ones ``bridges_used`` (the share of the two bridges that a search
+  result showed and a later query contains). Where each step fails: ``em_1hop`` / ``em_2hop`` /
+  ``em_3hop`` (exact match by the question's hops), ``first_query_subject`` (the first query names the subject, the title of the
   first supporting passage, as whole words), ``gold_retrieved`` (a gold answer was in some
   search result), ``answer_from_results`` (of the episodes that answered: the answer was copied
   from a search result), ``em_new_answer`` (exact match of the questions whose gold answer no
   training question has: a policy that recalls frequent answers instead of copying gets 0).
 * **Expert** (for ``synth``): the generator's oracle queries (:func:`arborl.search.oracle.oracle_actions`).
-  With ``oracle_error = p`` it is an imperfect teacher: on a share ``p`` of the 2-hop questions
-  (a stable hash of the question id) it answers with the bridge entity after the first search
-  instead of searching again with it.
+  With ``oracle_error = p`` it is an imperfect teacher: on a share ``p`` of the multi-hop questions
+  (a stable hash of the question id) it answers with the first bridge entity after the first
+  search instead of searching again with it.
 
 ``spaced = true`` writes every punctuation mark as a word of its own in everything the model
 reads (for arborl's word-level scratch tokenizer) and exposes ``vocabulary``, every word of the
@@ -65,8 +66,10 @@ from arborl.tools.services import shared_service
 
 @functools.lru_cache(maxsize=4)
 def load_dataset(corpus: str = "", qa: str = "", seed: int = 0, test_frac: float = 0.2, n_questions: int = 3000,
-                 filler: bool = True) -> tuple[tuple[Passage, ...], tuple[Question, ...], tuple[Question, ...]]:
+                 filler: bool = True, hop_fracs: tuple[float, float] = (0.6, 0.0)) -> tuple[tuple[Passage, ...], tuple[Question, ...], tuple[Question, ...]]:
     """``(passages, train questions, test questions)``, read from files or generated (cached per process).
+
+    ``hop_fracs``: the generated set's shares of 2-hop and 3-hop questions.
 
     Raises:
         ConfigError: One of ``corpus`` / ``qa`` is given without the other, or a split is empty.
@@ -78,7 +81,8 @@ def load_dataset(corpus: str = "", qa: str = "", seed: int = 0, test_frac: float
         passages, questions = read_corpus(corpus), read_qa(qa)
     else:
         passages, questions = generate(CorpusConfig(seed=seed, test_frac=test_frac, n_questions=n_questions,
-                                                    filler=filler))
+                                                    filler=filler, two_hop_frac=hop_fracs[0],
+                                                    three_hop_frac=hop_fracs[1]))
     validate_gold(questions)
     test = [q for q in questions if (q.split == "test" if q.split else held_out(q.id, test_frac))]
     test_ids = {q.id for q in test}
@@ -90,9 +94,9 @@ def load_dataset(corpus: str = "", qa: str = "", seed: int = 0, test_frac: float
 
 
 @functools.lru_cache(maxsize=4)
-def _vocabulary(corpus: str, qa: str, seed: int, test_frac: float, n_questions: int, filler: bool = True
-                ) -> tuple[str, ...]:
-    passages, train, test = load_dataset(corpus, qa, seed, test_frac, n_questions, filler)
+def _vocabulary(corpus: str, qa: str, seed: int, test_frac: float, n_questions: int, filler: bool = True,
+                hop_fracs: tuple[float, float] = (0.6, 0.0)) -> tuple[str, ...]:
+    passages, train, test = load_dataset(corpus, qa, seed, test_frac, n_questions, filler, hop_fracs)
     words: dict[str, None] = {}
     framing = 'Doc 1(Title: "") 2 3 4 5 6 7 8 9 10 No passage matches the query. <answer> </answer> <search> </search>'
     for text in [framing] + [p.contents for p in passages] + [q.question for q in train + test] + [
@@ -156,12 +160,15 @@ class _SearchTask:
             shown = bool(searches) and bridge in normalize_answer(searches[0][1])
             later = any(bridge in normalize_answer(query) for query, _ in searches[1:])
             out["two_hop_used_first"] = float(shown and later)
+        if q.hops >= 3 and len(q.bridge_answers) == q.hops - 1:
+            out["bridges_used"] = sum(_bridge_used(normalize_answer(b), searches)
+                                      for b in q.bridge_answers) / len(q.bridge_answers)
         return out | self._diagnostics(q, searches, answer)
 
     def _diagnostics(self, q: Question, searches: list[tuple[str, str]], answer: str | None) -> dict[str, float]:
         """Which step of the search went wrong: the first query, the retrieval, or the copy of the answer."""
         results = [_padded(r) for _, r in searches]
-        out = {f"em_{q.hops}hop": exact_match(answer, q.golden_answers)} if q.hops in (1, 2) else {}
+        out = {f"em_{q.hops}hop": exact_match(answer, q.golden_answers)} if q.hops in (1, 2, 3) else {}
         if not any(normalize_answer(g) in self.train_answers for g in q.golden_answers):
             out["em_new_answer"] = exact_match(answer, q.golden_answers)  # only a copy can answer it
         subject = self.titles.get(q.supporting_ids[0]) if q.supporting_ids else None
@@ -173,7 +180,7 @@ class _SearchTask:
         return out
 
     def slips(self, q: Question) -> bool:
-        """Whether the imperfect teacher answers ``q`` too early (a stable share ``oracle_error`` of 2-hop questions)."""
+        """Whether the imperfect teacher answers ``q`` too early (a stable share ``oracle_error`` of multi-hop questions)."""
         return q.hops >= 2 and split.stable_unit(f"oracle-{q.id}") < self.oracle_error
 
     def expert(self, env: ToolEnv) -> str:
@@ -221,6 +228,8 @@ def search_r1_env(
     corpus_seed: int = 0,
     test_frac: float = 0.2,
     n_questions: int = 3000,
+    two_hop_frac: float = 0.6,
+    three_hop_frac: float = 0.0,
     filler: bool = True,
     url: str = "",
     method: str = "bm25",
@@ -248,6 +257,10 @@ def search_r1_env(
         n_questions: Questions of the generated set (the first 3,000 are the same for any larger
             number: the draw goes on). More questions = more distinct facts to learn from, so that
             a small policy cannot memorise the training answers instead of reading the passage.
+        two_hop_frac: Generated set: the share of questions that need two searches.
+        three_hop_frac: Generated set: the share that need three (company -> person -> city ->
+            country or year; person -> city -> country -> capital); the rest need one. 0 (the
+            default) draws the same questions as before it existed.
         filler: Generated set: ``False`` writes only the facts a question asks about in each passage
             (no city trait, occupation, language, industry): fewer words for a small reader to pass over.
         url: A running ``/retrieve`` endpoint; ``""`` starts one in-process (shared, stopped at exit).
@@ -260,10 +273,10 @@ def search_r1_env(
         format_reward: Reward of a well-formed wrong answer (exact match scores 1).
         grounded_reward: Reward of a wrong answer that occurs, as whole words, in a search result
             of the episode (copied from a passage, the wrong one); the larger of the two applies.
-        oracle_error: The expert (``synth``) as an imperfect teacher: on this share of the 2-hop
+        oracle_error: The expert (``synth``) as an imperfect teacher: on this share of the multi-hop
             questions (a stable hash of the question id) it answers with the bridge found by the
             first search instead of searching again, a wrong answer. The policy that imitates it
-            stops early on 2-hop questions; RL has the second search to discover.
+            stops early on multi-hop questions; RL has the later searches to discover.
         tool_format: ``search_r1`` (tags) or ``hermes`` (JSON tool calls).
         spaced_text: Punctuation as separate words in every text the model reads (scratch tokenizers).
         test_seed_start: Seeds from here on play held-out questions (= ``env.eval_seed_start``).
@@ -275,10 +288,17 @@ def search_r1_env(
     if not 0 <= format_reward < 1:
         raise ConfigError(f"env.kwargs.format_reward = {format_reward}; use a number in [0, 1) (exact match scores 1)")
     if not 0 <= oracle_error <= 1:
-        raise ConfigError(f"env.kwargs.oracle_error = {oracle_error}; give a share in [0, 1] of the 2-hop questions")
+        raise ConfigError(f"env.kwargs.oracle_error = {oracle_error}; give a share in [0, 1] of the multi-hop questions")
     if not 0 <= grounded_reward < 1:
         raise ConfigError(f"env.kwargs.grounded_reward = {grounded_reward}; use a number in [0, 1) (exact match scores 1)")
-    passages, train, test = load_dataset(corpus, qa, corpus_seed, test_frac, n_questions, filler)
+    hops = (two_hop_frac, three_hop_frac)
+    if not (two_hop_frac >= 0 and three_hop_frac >= 0 and two_hop_frac + three_hop_frac <= 1):
+        raise ConfigError(f"env.kwargs: two_hop_frac = {two_hop_frac}, three_hop_frac = {three_hop_frac}; "
+                          "give shares >= 0 whose sum is <= 1 (the rest are 1-hop questions)")
+    if corpus and hops != (0.6, 0.0):
+        raise ConfigError("env.kwargs: two_hop_frac / three_hop_frac shape the generated set; with your own "
+                          "`corpus` and `qa` files the questions are yours: remove them")
+    passages, train, test = load_dataset(corpus, qa, corpus_seed, test_frac, n_questions, filler, hops)
     endpoint = url or retriever_url(corpus, qa, corpus_seed, test_frac, method, filler)
     text = spaced if spaced_text else _same
     source = _SearchTask(train, test, test_seed_start, format_reward, text, {p.id: p.title for p in passages},
@@ -292,8 +312,15 @@ def search_r1_env(
     source.env = env
     env.random_action = source.random_action  # type: ignore[attr-defined]
     if spaced_text:
-        env.vocabulary = _vocabulary(corpus, qa, corpus_seed, test_frac, n_questions, filler)  # type: ignore[attr-defined]
+        env.vocabulary = _vocabulary(corpus, qa, corpus_seed, test_frac, n_questions, filler, hops)  # type: ignore[attr-defined]
     return env
+
+
+def _bridge_used(bridge: str, searches: list[tuple[str, str]]) -> bool:
+    """Whether some search's results showed ``bridge`` and a query after that search contains it."""
+    shown = [bridge in normalize_answer(result) for _, result in searches]
+    return any(shown[j] and any(bridge in normalize_answer(query) for query, _ in searches[j + 1:])
+               for j in range(len(searches)))
 
 
 def _run_of(words: list[str], most: int, rng: random.Random) -> str:

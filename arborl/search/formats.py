@@ -70,7 +70,7 @@ class Question:
         id: Unique id within the QA set.
         question: The question text shown to the model.
         golden_answers: Every accepted answer; exact match against any of them scores 1.
-        hops: How many searches the question needs (1 or 2; 0 when unknown).
+        hops: How many searches the question needs (the generator: 1, 2 or 3; 0 when unknown).
         supporting_ids: The passage id each hop needs, in order.
         oracle_queries: A search query per hop that retrieves that hop's passage; the query of
             hop ``i + 1`` contains ``bridge_answers[i]``, the answer found at hop ``i``.

@@ -1,4 +1,4 @@
-"""The generator: determinism, size, honest 2-hop questions, a subject-disjoint held-out split."""
+"""The generator: determinism, size, honest 2- and 3-hop questions, a subject-disjoint held-out split."""
 
 from __future__ import annotations
 
@@ -72,6 +72,42 @@ def test_two_hop_questions_need_the_first_answer(world, crowded, filler):
         assert not leaks, (q, leaks)
 
 
+THREE = {"founder_birth_country", "ceo_birth_country", "founder_birth_city_founded", "ceo_birth_city_founded",
+         "person_birth_capital"}
+
+
+@pytest.mark.parametrize("crowded", [False, True], ids=["default", "crowded"])
+def test_three_hop_questions_chain_two_bridges_and_need_each(crowded):
+    base = dataclasses.replace(CROWDED, n_questions=120) if crowded else CorpusConfig(n_questions=1500)
+    passages, questions = generate(dataclasses.replace(base, two_hop_frac=0.2, three_hop_frac=0.5))
+    by_id = {p.id: p for p in passages}
+    three = [q for q in questions if q.hops == 3]
+    assert {q.extra["kind"] for q in three} == THREE
+    assert {q.hops for q in questions} == {1, 2, 3}
+    assert 0.4 < len(three) / len(questions) < 0.6 and 0.12 < sum(q.hops == 2 for q in questions) / len(questions) < 0.28
+    for q in three:
+        assert len(q.supporting_ids) == len(q.oracle_queries) == 3 and len(q.bridge_answers) == 2
+        subject = by_id[q.extra["subject_id"]].title
+        for i, bridge in enumerate(q.bridge_answers):
+            assert not _mentions(q.question, bridge)  # no bridge is given away
+            assert bridge in q.oracle_queries[i + 1]  # each later query is built from the result before it
+            assert not _mentions(by_id[q.supporting_ids[i + 1]].contents, subject)  # not found from the question
+        for pid, ans in zip(q.supporting_ids, [*q.bridge_answers, q.golden_answers[0]], strict=True):
+            assert _mentions(by_id[pid].contents, ans), (q, ans)
+        for pid in q.supporting_ids[:2]:  # neither earlier passage answers
+            assert not _mentions(by_id[pid].contents, q.golden_answers[0]), q
+    for q in three[::25 if not crowded else 1]:  # nor any passage that names the subject
+        subject = by_id[q.extra["subject_id"]].title
+        assert not [p.id for p in passages if subject in p.contents and _mentions(p.contents, q.golden_answers[0])]
+
+
+def test_no_three_hop_share_draws_the_questions_of_before(world):
+    assert generate(CorpusConfig(three_hop_frac=0.0))[1] == world[1]
+    # the first question of the seed-0 draw, pinned: adding 3-hop kinds moved no 1- or 2-hop draw
+    assert world[1][0].question == "What is the capital of the country where Baethkrus is located?"
+    assert world[1][-1].question == "Who is the CEO of Graentaer Foundry?"
+
+
 def test_split_is_by_subject_and_near_the_fraction(world):
     questions = world[1]
     subjects = {"train": set(), "test": set()}
@@ -85,7 +121,8 @@ def test_split_is_by_subject_and_near_the_fraction(world):
 
 
 @pytest.mark.parametrize("bad", [dict(n_countries=1), dict(n_cities=3, n_countries=5), dict(two_hop_frac=1.5),
-                                 dict(test_frac=1.0), dict(n_questions=0)])
+                                 dict(test_frac=1.0), dict(n_questions=0), dict(three_hop_frac=0.5),
+                                 dict(two_hop_frac=0.2, three_hop_frac=-0.1)])
 def test_bad_config_is_a_config_error(bad):
     with pytest.raises(ConfigError, match="corpus:"):
         CorpusConfig(**bad)

@@ -362,3 +362,36 @@ def test_a_random_action_is_a_real_search_or_a_wrong_answer(data, env_kw, by_id)
     calls = [hermes.random_action(rng) for _ in range(20)]
     assert any(c.startswith('<tool_call>{"name": "search"') for c in calls)
     assert not any(c.startswith("<search>") for c in calls)
+
+
+def test_three_hop_questions_the_oracle_its_slip_and_the_bridge_metric(env_kw):
+    kw = {**env_kw, "n_questions": 600, "two_hop_frac": 0.2, "three_hop_frac": 0.5, "max_steps": 5}
+    env = search_r1_env(**kw)
+    _, train, _ = load_dataset("", "", 0, 0.2, 600, True, (0.2, 0.5))
+    three = [i for i, q in enumerate(train) if q.hops == 3]
+    q = train[three[0]]
+    steps = _play(env, three[0])
+    assert [a for a, _ in steps] == [*(f"<search>{x}</search>" for x in q.oracle_queries),
+                                     f"<answer>{q.golden_answers[0]}</answer>"]
+    assert q.bridge_answers[0] in steps[0][1].obs and q.bridge_answers[1] in steps[1][1].obs
+    m = steps[-1][1].info["metrics"]
+    assert steps[-1][1].reward == 1.0 and m["searches"] == 3.0 and m["em_3hop"] == 1.0 and m["bridges_used"] == 1.0
+    assert "two_hop_used_first" not in m and "em_2hop" not in m
+    # the first bridge used, the second not: the third query ignores what the second search showed
+    env.reset(seed=three[0])
+    env.step(f"<search>{q.oracle_queries[0]}</search>")
+    env.step(f"<search>{q.oracle_queries[1]}</search>")
+    env.step("<search>something else entirely</search>")
+    m = env.step(f"<answer>{q.bridge_answers[1]}</answer>").info["metrics"]
+    assert m["bridges_used"] == 0.5 and m["em_3hop"] == 0.0 and m["answer_from_results"] == 1.0
+    # the oracle answers every 3-hop question it is given (BM25 ranks each supporting passage first)
+    assert all(_play(env, i)[-1][1].reward == 1.0 for i in three[:60:3])
+    # the imperfect teacher slips on 3-hop questions as on 2-hop ones: one search, the first bridge
+    slip = search_r1_env(**kw, oracle_error=1.0)
+    steps = _play(slip, three[0])
+    assert [a for a, _ in steps] == [f"<search>{q.oracle_queries[0]}</search>", f"<answer>{q.bridge_answers[0]}</answer>"]
+    assert steps[-1][1].reward == 0.0 and steps[-1][1].info["metrics"]["bridges_used"] == 0.0
+    with pytest.raises(ConfigError, match="three_hop_frac = 0.6"):
+        search_r1_env(**env_kw, three_hop_frac=0.6)
+    with pytest.raises(ConfigError, match="your own"):
+        search_r1_env(**env_kw, corpus="c.jsonl", qa="q.jsonl", three_hop_frac=0.2)
