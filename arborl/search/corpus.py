@@ -7,8 +7,8 @@ query that names an entity finds its passage.
 
 Questions are 1-hop (the answer is in the subject's passage), 2-hop (the subject's passage names
 a *bridge* entity, e.g. the founder, and the answer is in the bridge's passage) or 3-hop (a chain
-of two bridges: company -> founder or CEO -> birth city -> its country or founding year, city ->
-country -> capital; ``three_hop_frac``, 0 by default). The generator keeps multi-hop questions
+of two bridges: company -> founder or CEO -> birth city -> its country or founding year, person ->
+birth city -> country -> capital; ``three_hop_frac``, 0 by default). The generator keeps multi-hop questions
 honest:
 
 * no bridge is named in the question, so each later query has to use what the search before it

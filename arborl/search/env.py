@@ -12,8 +12,8 @@ It composes, as every tool task does, a task source, a tool table and a reward:
   for ``s < test_seed_start`` and held-out question ``(s - test_seed_start) % n_test`` from there
   on (keep ``test_seed_start`` equal to the trainer's ``env.eval_seed_start``). With ``qa = ""``
   the seeded generator of :mod:`arborl.search.corpus` makes the corpus and questions (1-, 2- and,
-  with ``three_hop_frac``, 3-hop; held-out split by subject); a user's QA file without a ``split`` field is split by a hash of
-  each question id (``test_frac``).
+  with ``three_hop_frac``, 3-hop; held-out split by subject); a user's QA file without a
+  ``split`` field is split by a hash of each question id (``test_frac``).
 * **Tool**: ``search`` (:class:`~arborl.search.tool.SearchTool`) over HTTP. With ``url = ""``
   the env starts an in-process retriever server (:class:`~arborl.search.server.RetrieverServer`)
   on a free loopback port the first time one is built, shares it with every env of the process,
@@ -27,8 +27,8 @@ It composes, as every tool task does, a task source, a tool table and a reward:
   bridge entity and the first search's results showed it: the second query used what the first
   search returned), for 3-hop ones ``bridges_used`` (the share of the two bridges that a search
   result showed and a later query contains). Where each step fails: ``em_1hop`` / ``em_2hop`` /
-  ``em_3hop`` (exact match by the question's hops), ``first_query_subject`` (the first query names the subject, the title of the
-  first supporting passage, as whole words), ``gold_retrieved`` (a gold answer was in some
+  ``em_3hop`` (exact match by the question's hops), ``first_query_subject`` (the first query
+  names the subject, the title of the first supporting passage, as whole words), ``gold_retrieved`` (a gold answer was in some
   search result), ``answer_from_results`` (of the episodes that answered: the answer was copied
   from a search result), ``em_new_answer`` (exact match of the questions whose gold answer no
   training question has: a policy that recalls frequent answers instead of copying gets 0).
@@ -66,7 +66,8 @@ from arborl.tools.services import shared_service
 
 @functools.lru_cache(maxsize=4)
 def load_dataset(corpus: str = "", qa: str = "", seed: int = 0, test_frac: float = 0.2, n_questions: int = 3000,
-                 filler: bool = True, hop_fracs: tuple[float, float] = (0.6, 0.0)) -> tuple[tuple[Passage, ...], tuple[Question, ...], tuple[Question, ...]]:
+                 filler: bool = True, hop_fracs: tuple[float, float] = (0.6, 0.0)
+                 ) -> tuple[tuple[Passage, ...], tuple[Question, ...], tuple[Question, ...]]:
     """``(passages, train questions, test questions)``, read from files or generated (cached per process).
 
     ``hop_fracs``: the generated set's shares of 2-hop and 3-hop questions.
