@@ -63,10 +63,13 @@ from arborl.search.tool import SearchTool, spaced
 from arborl.tools.formats import FORMATS
 from arborl.tools.services import shared_service
 
+_HOPS = (CorpusConfig.two_hop_frac, CorpusConfig.three_hop_frac)
+"""The generator's default shares of 2-hop and 3-hop questions."""
+
 
 @functools.lru_cache(maxsize=4)
 def load_dataset(corpus: str = "", qa: str = "", seed: int = 0, test_frac: float = 0.2, n_questions: int = 3000,
-                 filler: bool = True, hop_fracs: tuple[float, float] = (0.6, 0.0)
+                 filler: bool = True, hop_fracs: tuple[float, float] = _HOPS
                  ) -> tuple[tuple[Passage, ...], tuple[Question, ...], tuple[Question, ...]]:
     """``(passages, train questions, test questions)``, read from files or generated (cached per process).
 
@@ -96,7 +99,7 @@ def load_dataset(corpus: str = "", qa: str = "", seed: int = 0, test_frac: float
 
 @functools.lru_cache(maxsize=4)
 def _vocabulary(corpus: str, qa: str, seed: int, test_frac: float, n_questions: int, filler: bool = True,
-                hop_fracs: tuple[float, float] = (0.6, 0.0)) -> tuple[str, ...]:
+                hop_fracs: tuple[float, float] = _HOPS) -> tuple[str, ...]:
     passages, train, test = load_dataset(corpus, qa, seed, test_frac, n_questions, filler, hop_fracs)
     words: dict[str, None] = {}
     framing = 'Doc 1(Title: "") 2 3 4 5 6 7 8 9 10 No passage matches the query. <answer> </answer> <search> </search>'
@@ -157,12 +160,9 @@ class _SearchTask:
         out = {"em": exact_match(answer, q.golden_answers), "f1": f1_score(answer, q.golden_answers),
                "searches": float(len(searches))}
         if q.hops == 2 and q.bridge_answers:
-            bridge = normalize_answer(q.bridge_answers[0])
-            shown = bool(searches) and bridge in normalize_answer(searches[0][1])
-            later = any(bridge in normalize_answer(query) for query, _ in searches[1:])
-            out["two_hop_used_first"] = float(shown and later)
+            out["two_hop_used_first"] = float(_used_after(normalize_answer(q.bridge_answers[0]), searches, 0))
         if q.hops >= 3 and len(q.bridge_answers) == q.hops - 1:
-            out["bridges_used"] = sum(_bridge_used(normalize_answer(b), searches)
+            out["bridges_used"] = sum(any(_used_after(normalize_answer(b), searches, j) for j in range(len(searches)))
                                       for b in q.bridge_answers) / len(q.bridge_answers)
         return out | self._diagnostics(q, searches, answer)
 
@@ -293,12 +293,10 @@ def search_r1_env(
     if not 0 <= grounded_reward < 1:
         raise ConfigError(f"env.kwargs.grounded_reward = {grounded_reward}; use a number in [0, 1) (exact match scores 1)")
     hops = (two_hop_frac, three_hop_frac)
-    if not (two_hop_frac >= 0 and three_hop_frac >= 0 and two_hop_frac + three_hop_frac <= 1):
-        raise ConfigError(f"env.kwargs: two_hop_frac = {two_hop_frac}, three_hop_frac = {three_hop_frac}; "
-                          "give shares >= 0 whose sum is <= 1 (the rest are 1-hop questions)")
-    if corpus and hops != (0.6, 0.0):
+    if corpus and hops != _HOPS:
         raise ConfigError("env.kwargs: two_hop_frac / three_hop_frac shape the generated set; with your own "
                           "`corpus` and `qa` files the questions are yours: remove them")
+    # shares out of range are a ConfigError of CorpusConfig, which names them
     passages, train, test = load_dataset(corpus, qa, corpus_seed, test_frac, n_questions, filler, hops)
     endpoint = url or retriever_url(corpus, qa, corpus_seed, test_frac, method, filler)
     text = spaced if spaced_text else _same
@@ -317,11 +315,10 @@ def search_r1_env(
     return env
 
 
-def _bridge_used(bridge: str, searches: list[tuple[str, str]]) -> bool:
-    """Whether some search's results showed ``bridge`` and a query after that search contains it."""
-    shown = [bridge in normalize_answer(result) for _, result in searches]
-    return any(shown[j] and any(bridge in normalize_answer(query) for query, _ in searches[j + 1:])
-               for j in range(len(searches)))
+def _used_after(bridge: str, searches: list[tuple[str, str]], j: int) -> bool:
+    """Whether search ``j``'s results showed ``bridge`` and a later query contains it."""
+    return (j < len(searches) and bridge in normalize_answer(searches[j][1])
+            and any(bridge in normalize_answer(query) for query, _ in searches[j + 1:]))
 
 
 def _run_of(words: list[str], most: int, rng: random.Random) -> str:
