@@ -1,11 +1,19 @@
-"""Full vs selective log-probs: one SFT-shaped training step (forward + backward) on the search recipe's model.
+"""Full vs selective log-probs: one SFT/PPO-shaped training step (forward + backward) of a policy.
 
-The model is ``examples/search_r1.toml``'s policy shape (Llama, hidden 96, 3 layers) over an
-11,000-word vocabulary (the scratch tokenizer of the generated world); a batch of 16 episodes of
-160 tokens of which 15 % are trained (the loss mask of an oracle Search-R1 episode). Prints the
-median time per step of each path and the ratio.
+Three paths over the same batch: ``full`` (every position's logits), ``head only`` (the model body
+over every column, the output layer at the trained tokens' predecessors only) and ``selective``
+(the default: also the last decoder layer only there, :mod:`arborl.policy.tail`). Two shapes:
 
-    python bench/logprobs.py [--vocab 11000] [--batch 16] [--tokens 160] [--trained 0.15] [--reps 10]
+* ``--shape search`` (default): ``examples/search_r1.toml``'s policy (Llama, hidden 96, 3 layers)
+  over an 11,000-word vocabulary, 16 episodes of 160 tokens, 15 % trained (an oracle
+  Search-R1 episode's loss mask);
+* ``--shape demo``: the FrozenLake demo's policy (hidden 256, 2 layers, MLP 688, 64 words),
+  a micro-batch of 8 episodes of 128 tokens, 10 % trained (the demo's RL batches train 401 of
+  3,879 tokens).
+
+Prints the median time per step of each path and the ratios to ``full``.
+
+    python bench/logprobs.py [--shape search|demo] [--vocab V] [--batch B] [--tokens T] [--trained F] [--reps 10]
 """
 
 from __future__ import annotations
@@ -17,29 +25,37 @@ import time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from arborl.policy import token_logprobs
+from arborl.policy import tail, token_logprobs
+
+SHAPES = {
+    "search": dict(vocab=11_000, hidden=96, layers=3, mlp=256, batch=16, tokens=160, trained=0.15),
+    "demo": dict(vocab=64, hidden=256, layers=2, mlp=688, batch=8, tokens=128, trained=0.10),
+}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--vocab", type=int, default=11_000)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--tokens", type=int, default=160)
-    ap.add_argument("--trained", type=float, default=0.15)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="search")
+    for k in ("vocab", "batch", "tokens"):
+        ap.add_argument(f"--{k}", type=int)
+    ap.add_argument("--trained", type=float)
     ap.add_argument("--reps", type=int, default=10)
     a = ap.parse_args()
+    s = {k: v if getattr(a, k, None) is None else getattr(a, k) for k, v in SHAPES[a.shape].items()}
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=a.vocab, hidden_size=96, num_hidden_layers=3, num_attention_heads=4,
-                      num_key_value_heads=4, intermediate_size=256, max_position_embeddings=1024,
-                      tie_word_embeddings=True)
+    cfg = LlamaConfig(vocab_size=s["vocab"], hidden_size=s["hidden"], num_hidden_layers=s["layers"],
+                      num_attention_heads=4, num_key_value_heads=4, intermediate_size=s["mlp"],
+                      max_position_embeddings=1024, tie_word_embeddings=True)
     model = LlamaForCausalLM._from_config(cfg, attn_implementation="eager")
-    ids = torch.randint(0, a.vocab, (a.batch, a.tokens))
+    ids = torch.randint(0, s["vocab"], (s["batch"], s["tokens"]))
     mask = torch.ones_like(ids)
-    trained = (torch.rand(a.batch, a.tokens) < a.trained).float()
-    print(f"vocab {a.vocab}, batch {a.batch} x {a.tokens} tokens, {int(trained.sum())} trained, "
-          f"{torch.get_num_threads()} threads")
+    trained = (torch.rand(s["batch"], s["tokens"]) < s["trained"]).float()
+    print(f"shape {a.shape}: vocab {s['vocab']}, hidden {s['hidden']}, {s['layers']} layers, batch {s['batch']} x "
+          f"{s['tokens']} tokens, {int(trained.sum())} trained, {torch.get_num_threads()} threads")
     medians = {}
-    for name, pos in (("full", None), ("selective", trained)):
+    for name, pos, last_layer_tail in (("full", None, False), ("head only", trained, False),
+                                       ("selective", trained, True)):
+        tail.ENABLED = last_layer_tail
         times = []
         for _ in range(a.reps + 1):
             t0 = time.perf_counter()
@@ -48,8 +64,8 @@ def main() -> None:
             model.zero_grad(set_to_none=True)
             times.append(time.perf_counter() - t0)
         medians[name] = statistics.median(times[1:])  # the first is warm-up
-        print(f"{name:>9}: {medians[name] * 1000:7.1f} ms / step")
-    print(f"selective / full: {medians['selective'] / medians['full']:.2f}x")
+        print(f"{name:>9}: {medians[name] * 1000:7.1f} ms / step, {medians[name] / medians['full']:.2f}x of full")
+    tail.ENABLED = True
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ With ``positions`` the model body runs once, the final hidden states are gathere
 predecessors of the wanted tokens, and the output layer is applied there only: ``(N, V)``
 logits instead of ``(B, T, V)``. The numbers equal the full path's (same matmuls on the same
 rows; ``tests/policy/test_logprobs_selective.py`` checks it on arborl's and other HF models).
+For Llama and Qwen2 policies the last decoder layer, too, runs only at those predecessors
+(:mod:`arborl.policy.tail`): equal to the full path to float rounding.
 A model whose forward does more than ``lm_head(body(x))`` (final logit soft-capping or
 scaling, or no separable body) is run the full way.
 """
@@ -23,6 +25,8 @@ from __future__ import annotations
 
 import torch
 from transformers import PreTrainedModel
+
+from arborl.policy import tail
 
 # Config fields that make a model's logits more than ``lm_head(hidden)`` (Gemma-2 soft-capping,
 # Cohere's logit_scale, Granite's logits_scaling): such models take the full path.
@@ -81,14 +85,20 @@ def _full(model, input_ids, mask, position_ids, temperature, entropy, pixel_valu
             None if ent is None else torch.cat([zeros, ent * valid], dim=1))
 
 
-def _selective(body, head, input_ids, mask, position_ids, temperature, entropy, positions):
+def _selective(model, body, head, input_ids, mask, position_ids, temperature, entropy, positions):
     """Logits at the predecessors of ``positions`` only; zeros elsewhere."""
     want = positions.bool().clone()
     want[:, 0] = False
     want[:, 1:] &= (mask[:, 1:] * mask[:, :-1]).bool()
-    hidden = body(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False)[0]  # (B, T, H)
     rows, cols = want.nonzero(as_tuple=True)  # N wanted tokens
-    logits = head(hidden[rows, cols - 1]).float() / temperature  # (N, V)
+    before = torch.zeros_like(want)
+    before[:, :-1] = want[:, 1:]  # their predecessors, in the same row-major order
+    if tail.supports(model) and tail.worth_it(before):  # the last layer only where it is read
+        hidden = tail.hidden_at(model, input_ids, mask, position_ids, before)  # (N, H)
+    else:
+        hidden = body(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                      use_cache=False)[0][rows, cols - 1]  # (N, H)
+    logits = head(hidden).float() / temperature  # (N, V)
     logp_all = torch.log_softmax(logits, dim=-1)
     picked = logp_all.gather(-1, input_ids[rows, cols].unsqueeze(-1)).squeeze(-1)  # (N,)
     ent = _entropy(logp_all, entropy)
@@ -112,7 +122,7 @@ def _logprobs(model, input_ids, attention_mask, temperature, positions, entropy,
         raise ValueError(f"positions shape {tuple(positions.shape)} differs from input_ids {tuple(input_ids.shape)}")
     parts = _body_and_head(model)
     if parts is not None:
-        return _selective(*parts, input_ids, mask, position_ids, temperature, entropy, positions)
+        return _selective(model, *parts, input_ids, mask, position_ids, temperature, entropy, positions)
     logp, ent = _full(model, input_ids, mask, position_ids, temperature, entropy)
     keep = positions.to(logp.dtype)
     return logp * keep, None if ent is None else ent * keep

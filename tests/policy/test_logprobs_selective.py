@@ -114,3 +114,39 @@ def test_positions_shape_is_checked(word_tokenizer):
     model = _arborl(word_tokenizer, tie=True)
     with pytest.raises(ValueError, match="positions shape"):
         token_logprobs(model, torch.tensor([[2, 7, 9]]), positions=torch.ones(1, 2))
+
+
+@pytest.mark.parametrize("kind", ["arborl", "qwen2"])
+def test_last_layer_runs_only_where_a_logit_is_read(kind, word_tokenizer):
+    """Llama/Qwen2: the last layer's MLP sees each row's wanted predecessors (padded to the row with most)."""
+    model = _arborl(word_tokenizer, tie=True) if kind == "arborl" else _hf("qwen2")
+    ids, mask, positions = _batch(model.config.vocab_size, 0)
+    seen = {}
+    layers = model.model.layers
+    hooks = [layers[i].mlp.register_forward_hook(lambda m, i, o, k=i: seen.update({k: tuple(o.shape)}))
+             for i in (0, len(layers) - 1)]
+    with torch.no_grad():
+        token_logprobs(model, ids, mask, positions=positions)
+    for h in hooks:
+        h.remove()
+    keep = positions.clone()
+    keep[:, 0] = 0
+    keep[:, 1:] *= (mask[:, 1:] * mask[:, :-1]).float()
+    b, t = ids.shape
+    assert seen[0][:2] == (b, t)  # every column: later columns attend to its keys and values
+    assert seen[len(layers) - 1][:2] == (b, int(keep.sum(1).max())) and seen[len(layers) - 1][1] < t
+
+
+def test_many_wanted_columns_take_the_whole_last_layer(word_tokenizer):
+    model = _arborl(word_tokenizer, tie=True)
+    ids, mask, _ = _batch(model.config.vocab_size, 0)
+    positions = torch.ones_like(ids, dtype=torch.float)  # SFT on every token: the tail would not pay
+    shapes = []
+    hook = model.model.layers[-1].mlp.register_forward_hook(lambda m, i, o: shapes.append(tuple(o.shape)))
+    with torch.no_grad():
+        lp = token_logprobs(model, ids, mask, positions=positions)
+        full = token_logprobs(model, ids, mask)
+    hook.remove()
+    assert shapes[0][:2] == tuple(ids.shape)
+    torch.testing.assert_close(lp, full * positions * torch.nn.functional.pad(mask[:, 1:] * mask[:, :-1], (1, 0)),
+                               atol=0, rtol=0)
