@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from arborl.policy.tail import final_hidden
 from arborl.trajectory import Turn
 
 BOOTSTRAP_STOPS = ("max_turns", "max_context", "truncated")
@@ -70,7 +71,8 @@ def hidden_at(trunk: nn.Module, sequences: Sequence[list[int]], positions: Seque
     """Last-layer hidden states of ``trunk`` (a transformer body, e.g. ``policy.base_model``) at positions.
 
     Args:
-        trunk: Called as ``trunk(input_ids=, attention_mask=, position_ids=)``; returns ``last_hidden_state``.
+        trunk: Called as ``trunk(input_ids=, attention_mask=, position_ids=)``; returns ``last_hidden_state``
+            (a Llama/Qwen2 body runs its last layer only at the wanted positions: :mod:`arborl.policy.tail`).
         sequences: Token ids of each sequence (right-padded into chunks of ``chunk`` sequences).
         positions: For each sequence, the positions to read.
         pad_id: Padding id.
@@ -89,8 +91,13 @@ def hidden_at(trunk: nn.Module, sequences: Sequence[list[int]], positions: Seque
             ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
             att[i, : len(s)] = 1
         pos = (att.cumsum(-1) - 1).clamp_min(0)
-        hidden = trunk(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False).last_hidden_state
-        out += [hidden[i, torch.tensor(p, dtype=torch.long)].float() for i, p in enumerate(positions[lo: lo + chunk])]
+        want = torch.zeros((len(seqs), width), dtype=torch.bool)
+        for i, p in enumerate(positions[lo: lo + chunk]):
+            want[i, p] = True
+        rank = (want.flatten().cumsum(0) - 1).view(want.shape)  # a wanted position's row in ``hidden``
+        hidden = final_hidden(trunk, ids, att, pos, want)  # (N, H): the last layer only at wanted positions
+        out += [hidden[rank[i, torch.tensor(p, dtype=torch.long)]].float()
+                for i, p in enumerate(positions[lo: lo + chunk])]
     return out
 
 

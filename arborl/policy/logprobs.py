@@ -85,7 +85,7 @@ def _full(model, input_ids, mask, position_ids, temperature, entropy, pixel_valu
             None if ent is None else torch.cat([zeros, ent * valid], dim=1))
 
 
-def _selective(model, body, head, input_ids, mask, position_ids, temperature, entropy, positions):
+def _selective(body, head, input_ids, mask, position_ids, temperature, entropy, positions):
     """Logits at the predecessors of ``positions`` only; zeros elsewhere."""
     want = positions.bool().clone()
     want[:, 0] = False
@@ -93,11 +93,7 @@ def _selective(model, body, head, input_ids, mask, position_ids, temperature, en
     rows, cols = want.nonzero(as_tuple=True)  # N wanted tokens
     before = torch.zeros_like(want)
     before[:, :-1] = want[:, 1:]  # their predecessors, in the same row-major order
-    if tail.supports(model) and tail.worth_it(before):  # the last layer only where it is read
-        hidden = tail.hidden_at(model, input_ids, mask, position_ids, before)  # (N, H)
-    else:
-        hidden = body(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                      use_cache=False)[0][rows, cols - 1]  # (N, H)
+    hidden = tail.final_hidden(body, input_ids, mask, position_ids, before)  # (N, H): the last layer only there
     logits = head(hidden).float() / temperature  # (N, V)
     logp_all = torch.log_softmax(logits, dim=-1)
     picked = logp_all.gather(-1, input_ids[rows, cols].unsqueeze(-1)).squeeze(-1)  # (N,)
@@ -122,7 +118,7 @@ def _logprobs(model, input_ids, attention_mask, temperature, positions, entropy,
         raise ValueError(f"positions shape {tuple(positions.shape)} differs from input_ids {tuple(input_ids.shape)}")
     parts = _body_and_head(model)
     if parts is not None:
-        return _selective(model, *parts, input_ids, mask, position_ids, temperature, entropy, positions)
+        return _selective(*parts, input_ids, mask, position_ids, temperature, entropy, positions)
     logp, ent = _full(model, input_ids, mask, position_ids, temperature, entropy)
     keep = positions.to(logp.dtype)
     return logp * keep, None if ent is None else ent * keep

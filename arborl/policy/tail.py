@@ -8,7 +8,7 @@ values too; but its queries, attention, output projection and MLP are needed onl
 columns that are read. For a two-layer policy that is about a third of the forward pass's
 arithmetic (and of the backward pass's), less with more layers.
 
-:func:`hidden_at` replays a Llama or Qwen2 text model (eager attention, full attention in every
+:func:`hidden_at` replays a Llama or Qwen2 text model's body (eager attention, full attention in every
 layer) with the model's own modules in transformers' order: embedding, rotary embedding, the
 decoder layers (input norm, projections, rotary, eager attention with transformers' additive
 mask, output projection, residual, post-attention norm, MLP, residual) and the final norm, so
@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
-"""Model classes whose decoder layers :func:`hidden_at` replays."""
+SUPPORTED = ("LlamaModel", "Qwen2Model")
+"""Transformer bodies whose decoder layers :func:`hidden_at` replays (a causal LM's ``base_model``)."""
 
 ENABLED = True
 """Switch for A/B measurements (``bench/logprobs.py``): ``False`` runs every layer over every column."""
@@ -36,11 +36,11 @@ MAX_SHARE = 0.5
 """Largest share of a batch's columns (per row, the row with the most) for which the tail pays off."""
 
 
-def supports(model: Any) -> bool:
-    """Whether :func:`hidden_at` replays ``model``: a Llama/Qwen2 causal LM with eager attention in every layer."""
-    if not ENABLED or type(model).__name__ not in SUPPORTED:
+def supports(body: Any) -> bool:
+    """Whether :func:`hidden_at` replays ``body``: a Llama/Qwen2 body with eager attention in every layer."""
+    if not ENABLED or type(body).__name__ not in SUPPORTED:
         return False
-    cfg = model.config
+    cfg = body.config
     if getattr(cfg, "_attn_implementation", None) != "eager":
         return False
     if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
@@ -55,23 +55,36 @@ def worth_it(want: torch.Tensor) -> bool:
     return bool(counts.any()) and int(counts.max()) <= MAX_SHARE * want.shape[1]
 
 
-def hidden_at(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
+def final_hidden(body: Any, input_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
+                 want: torch.Tensor) -> torch.Tensor:
+    """``body(...).last_hidden_state[want]``: ``(N, hidden)`` in row-major order, the last layer only there.
+
+    :func:`hidden_at` where the body :func:`supports` it and the wanted columns are few
+    (:func:`worth_it`), else the body's own forward over every column.
+    """
+    if supports(body) and worth_it(want):
+        return hidden_at(body, input_ids, mask, position_ids, want)
+    return body(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False)[0][want]
+
+
+def hidden_at(body: Any, input_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
               want: torch.Tensor) -> torch.Tensor:
     """The final (normed) hidden states at the ``want`` columns: ``(N, hidden)`` in row-major order.
 
+    The rows of ``body(...).last_hidden_state[want]``, to float rounding.
+
     Args:
-        model: A model :func:`supports` accepts.
+        body: A transformer body :func:`supports` accepts (a causal LM's ``base_model``).
         input_ids: ``(B, T)`` token ids.
         mask: ``(B, T)`` 0/1 mask of real tokens.
         position_ids: ``(B, T)`` rotary positions.
         want: ``(B, T)`` bool, the columns whose hidden states are returned (the order of
             ``want.nonzero()``).
     """
-    core = model.model
-    hidden = core.embed_tokens(input_ids)
-    cos, sin = core.rotary_emb(hidden, position_ids)
+    hidden = body.embed_tokens(input_ids)
+    cos, sin = body.rotary_emb(hidden, position_ids)
     bias = _bias(mask, hidden.dtype)  # (B, 1, T, T)
-    layers = core.layers[: model.config.num_hidden_layers]
+    layers = body.layers[: body.config.num_hidden_layers]
     for layer in layers[:-1]:
         hidden = _layer(layer, hidden, cos, sin, bias)
     counts = want.sum(1)  # (B,)
@@ -81,7 +94,7 @@ def hidden_at(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, position_
     valid = torch.arange(q, device=want.device)[None, :] < counts[:, None]  # (B, Q)
     cols = torch.where(valid, order, torch.zeros_like(order))
     hidden = _layer(layers[-1], hidden, cos, sin, bias, cols)  # (B, Q, H)
-    return core.norm(hidden[valid])
+    return body.norm(hidden[valid])
 
 
 def _rows(x: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ import torch
 from conftest import context, success_gap, with_rl
 
 from arborl.config import ConfigError
+from arborl.prm.common import last_token_of_steps
 from arborl.prm.explicit import (
     ExplicitPRM,
     dimension_targets,
@@ -17,6 +18,7 @@ from arborl.prm.explicit import (
     use_of_information,
 )
 from arborl.store import open_store
+from arborl.train.batch import collate
 from arborl.trajectory import Episode
 from arborl.trajectory.schema import ToolCall, Turn
 
@@ -109,3 +111,22 @@ def test_state_dict_round_trip(lake):
         b.load_state_dict(a.state_dict())
         ctx = context(cfg, policy, tok, store, episodes)
         assert torch.equal(a.step_inputs(ctx)["step_scores"], b.step_inputs(ctx)["step_scores"])
+
+
+def test_step_logits_read_each_steps_last_token_of_the_whole_backbone(lake):
+    """The scorer's last layer runs only at steps' last tokens; its logits equal the full forward's there."""
+    cfg, model, tok, _, episodes = lake
+    prm = ExplicitPRM(with_rl(cfg, credit="prm"), model, tok)
+    torch.nn.init.normal_(prm.model.head.weight, generator=torch.Generator().manual_seed(0))
+    batch = collate(episodes)
+    n = int(batch.step_of_token.max()) + 1
+    with torch.no_grad():
+        logits, present = prm.model.step_logits(batch, n)
+        mask = batch.attention_mask.long()
+        hidden = prm.model.backbone.base_model(input_ids=batch.input_ids, attention_mask=mask,
+                                               position_ids=(mask.cumsum(-1) - 1).clamp_min(0),
+                                               use_cache=False).last_hidden_state
+        last = last_token_of_steps(batch.step_of_token, n)
+        full = prm.model.head(hidden.reshape(-1, hidden.shape[-1])[last[present]].float())
+    assert len(present) > 4
+    torch.testing.assert_close(logits, full, atol=1e-5, rtol=1e-5)

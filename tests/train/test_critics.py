@@ -231,3 +231,17 @@ def test_archer_replays_a_duplicate_rollout_written_in_the_background(policy, tm
         assert store.count() == 1
     assert critic.replay[-1] == [(first.episode_id, 2), (first.episode_id, 2)]
     assert metrics["critic/replay_turns"] == 4.0
+
+
+def test_hidden_states_at_positions_equal_the_whole_trunks(policy):
+    """The critics' features (last layer only at the wanted positions) are the trunk's own outputs there."""
+    trunk = trunk_of(policy[0])
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(1, 40, (n,), generator=g).tolist() for n in (23, 9, 30)]
+    positions = [[0, 4, 4, 22], [8], [3, 17, 29]]  # a repeated position, a last one, a whole row's last
+    with torch.no_grad():
+        got = hidden_at(trunk, seqs, positions)
+        for s, p, h in zip(seqs, positions, got, strict=True):
+            ids = torch.tensor([s])
+            full = trunk(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).last_hidden_state[0]
+            torch.testing.assert_close(h, full[p], atol=1e-5, rtol=1e-5)
