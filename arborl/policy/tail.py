@@ -83,7 +83,7 @@ def hidden_at(body: Any, input_ids: torch.Tensor, mask: torch.Tensor, position_i
     """
     hidden = body.embed_tokens(input_ids)
     cos, sin = body.rotary_emb(hidden, position_ids)
-    bias = _bias(mask, hidden.dtype)  # (B, 1, T, T)
+    bias = eager_bias(mask, mask.shape[1], hidden.dtype)  # (B, 1, T, T)
     layers = body.layers[: body.config.num_hidden_layers]
     for layer in layers[:-1]:
         hidden = _layer(layer, hidden, cos, sin, bias)
@@ -133,10 +133,17 @@ def _layer(layer: Any, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 
 
-def _bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Transformers' eager additive mask ``(B, 1, T, T)``: 0 where a key is real and not in the future."""
-    t = mask.shape[1]
-    causal = torch.ones(t, t, dtype=torch.bool, device=mask.device).tril()
-    allowed = causal[None] & mask.bool()[:, None, :]
+def eager_bias(mask: torch.Tensor, c: int, dtype: torch.dtype) -> torch.Tensor:
+    """Transformers' eager additive mask for ``c`` new columns after ``L`` kept ones: ``(B, 1, C, L + C)``.
+
+    0 where a key column is real (``mask``, ``(B, L + C)``) and not after the query's, the dtype's
+    minimum elsewhere.
+    """
+    total = mask.shape[1]
+    allowed = mask.bool()[:, None, :]
+    if c > 1:
+        cols = torch.arange(total, device=mask.device)
+        causal = cols[None, :] <= (total - c + torch.arange(c, device=mask.device))[:, None]  # (C, L + C)
+        allowed = allowed & causal[None]
     zero = torch.zeros((), dtype=dtype, device=mask.device)
     return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None]

@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from arborl.policy.tail import eager_bias
 from arborl.rollout.kvcache import BatchKVCache
 
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
@@ -90,7 +91,7 @@ def fast_forward(model: Any, cache: BatchKVCache, ids: torch.Tensor, mask: torch
     core = model.model
     hidden = core.embed_tokens(ids)
     cos, sin = core.rotary_emb(hidden, positions)
-    bias = _bias(mask, ids.shape[1], hidden.dtype)
+    bias = eager_bias(mask, ids.shape[1], hidden.dtype)
     layers = core.layers[: model.config.num_hidden_layers]
     for i, layer in enumerate(layers):
         tail = _tail(*ids.shape) if i == len(layers) - 1 else None
@@ -182,18 +183,6 @@ def _qkv(attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     if stacked is None:
         return linears[0](x), linears[1](x), linears[2](x)
     return torch.nn.functional.linear(x, *stacked).split([m.out_features for m in linears], dim=-1)
-
-
-def _bias(mask: torch.Tensor, c: int, dtype: torch.dtype) -> torch.Tensor:
-    """Transformers' eager additive mask: ``(B, 1, C, L + C)``, 0 where a column is real and not in the future."""
-    total = mask.shape[1]
-    allowed = mask.bool()[:, None, :]
-    if c > 1:
-        cols = torch.arange(total, device=mask.device)
-        causal = cols[None, :] <= (total - c + torch.arange(c, device=mask.device))[:, None]  # (C, L + C)
-        allowed = allowed & causal[None]
-    zero = torch.zeros((), dtype=dtype, device=mask.device)
-    return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None]
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scaling: float) -> torch.Tensor:
