@@ -20,7 +20,7 @@ from arborl.policy.model import resolve_device, to_device
 from arborl.rollout.media import image_inputs
 from arborl.store.base import StoreError
 from arborl.store.url import redact
-from arborl.train.batch import collate
+from arborl.train.batch import TokenBatch, collate, micro_chunks
 from arborl.train.config import TrainConfig
 from arborl.train.embeddings import freeze_embeddings
 from arborl.train.loggers import Metrics
@@ -35,6 +35,28 @@ def lr_schedule(step: int, *, total: int, warmup: int) -> float:
         return (step + 1) / max(1, warmup)
     frac = (step - warmup) / max(1, total - warmup)
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+
+
+def _step_gradients(model, batch: TokenBatch, micro_batch_tokens: int) -> dict[str, float]:
+    """Accumulate the gradient of the batch's token-mean SFT loss; returns its terms.
+
+    With ``micro_batch_tokens`` the rows run length-sorted in pieces of at most that many padded
+    tokens (:func:`arborl.train.batch.micro_chunks`), each piece's loss weighted by its share of the
+    batch's trained tokens, so the gradient is the whole batch's up to float rounding.
+    """
+    rows = torch.sort(batch.attention_mask.sum(-1), stable=True).indices
+    pieces = micro_chunks(batch, rows, micro_batch_tokens) if micro_batch_tokens else [None]
+    total = max(float(batch.loss_mask.sum()), 1.0)
+    loss = 0.0
+    for piece in pieces:
+        sub = batch if piece is None else batch.select(piece)
+        logp = token_logprobs(model, sub.input_ids, sub.attention_mask, positions=sub.loss_mask,
+                              pixel_values=sub.pixel_values)
+        out = sft_loss(logp, sub.loss_mask)
+        share = 1.0 if piece is None else float(sub.loss_mask.sum()) / total
+        (out.loss * share).backward()
+        loss += share * out.terms["loss/sft"]
+    return {"loss/sft": loss}
 
 
 def train_sft(
@@ -63,16 +85,13 @@ def train_sft(
         idx = torch.randint(len(demos), (sc.batch_size,), generator=gen).tolist()
         seen.update(idx)
         batch = to_device(collate([demos[i] for i in idx], pad_id=pad, images=images), device)
-        logp = token_logprobs(model, batch.input_ids, batch.attention_mask, positions=batch.loss_mask,
-                              pixel_values=batch.pixel_values)
-        out_loss = sft_loss(logp, batch.loss_mask)
         opt.zero_grad(set_to_none=True)
-        out_loss.loss.backward()
+        terms = _step_gradients(model, batch, sc.micro_batch_tokens)
         gnorm = torch.nn.utils.clip_grad_norm_(params, sc.grad_clip)
         opt.step()
         sched.step()
         env_steps = int(demo_turns * len(seen) / len(demos))
-        row = {**out_loss.terms, "grad_norm": float(gnorm), "lr": sched.get_last_lr()[0], "env_steps": env_steps}
+        row = {**terms, "grad_norm": float(gnorm), "lr": sched.get_last_lr()[0], "env_steps": env_steps}
         if sc.eval_every and ((step + 1) % sc.eval_every == 0 or step + 1 == sc.steps):
             model.eval()
             row.update(evaluate(cfg, make_env, model, tok, n=cfg.eval.probe_episodes, label="probe"))

@@ -189,3 +189,35 @@ def test_micro_batches_leave_other_loss_aggregations_as_one_pass():
     assert all(torch.equal(a, b) for a, b in zip(whole.parameters(), split.parameters(), strict=True))
     assert t_whole == t_split
     assert any((a - b).abs().max() > 0 for a, b in zip(model.parameters(), whole.parameters(), strict=True))
+
+
+def test_sft_micro_batches_give_the_gradient_of_the_whole_batch():
+    """sft.micro_batch_tokens: length-sorted pieces, gradients accumulated = the whole batch's gradient."""
+    import copy
+
+    import pytest
+
+    from arborl.config import ConfigError
+    from arborl.train.batch import micro_chunks
+    from arborl.train.sft import _step_gradients
+
+    torch.manual_seed(0)
+    model, batch, _ = _rollout_batch()
+    model.train()
+    widths = batch.attention_mask.sum(-1)
+    assert widths.min() < widths.max()
+    cap = int(widths.max()) * 2
+    rows = torch.sort(widths, stable=True).indices
+    assert len(micro_chunks(batch, rows, cap)) > 2
+    grads, losses = [], []
+    for tokens in (0, cap):
+        m = copy.deepcopy(model)
+        terms = _step_gradients(m, batch, tokens)
+        grads.append([p.grad for p in m.parameters()])
+        losses.append(terms["loss/sft"])
+    assert all(g is not None and g.abs().max() > 0 for g in grads[0])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    with pytest.raises(ConfigError, match=r"sft\.micro_batch_tokens must be >= 0"):
+        load_config(TrainConfig, None, ["sft.micro_batch_tokens=-1"])
