@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from arborl.policy.tail import final_hidden
+from arborl.policy.tail import hidden_rows
 from arborl.trajectory import Turn
 
 BOOTSTRAP_STOPS = ("max_turns", "max_context", "truncated")
@@ -91,13 +91,10 @@ def hidden_at(trunk: nn.Module, sequences: Sequence[list[int]], positions: Seque
             ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
             att[i, : len(s)] = 1
         pos = (att.cumsum(-1) - 1).clamp_min(0)
-        want = torch.zeros((len(seqs), width), dtype=torch.bool)
-        for i, p in enumerate(positions[lo: lo + chunk]):
-            want[i, p] = True
-        rank = (want.flatten().cumsum(0) - 1).view(want.shape)  # a wanted position's row in ``hidden``
-        hidden = final_hidden(trunk, ids, att, pos, want)  # (N, H): the last layer only at wanted positions
-        out += [hidden[rank[i, torch.tensor(p, dtype=torch.long)]].float()
-                for i, p in enumerate(positions[lo: lo + chunk])]
+        wanted = positions[lo: lo + chunk]
+        flat = torch.tensor([i * width + q for i, p in enumerate(wanted) for q in p], dtype=torch.long)
+        hidden = hidden_rows(trunk, ids, att, pos, flat)  # the last layer only at the wanted positions
+        out += list(hidden.float().split([len(p) for p in wanted]))
     return out
 
 

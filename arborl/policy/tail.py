@@ -67,6 +67,18 @@ def final_hidden(body: Any, input_ids: torch.Tensor, mask: torch.Tensor, positio
     return body(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False)[0][want]
 
 
+def hidden_rows(body: Any, input_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
+                flat: torch.Tensor) -> torch.Tensor:
+    """Final hidden states at flat ``b * T + t`` indices ``flat`` (repeats allowed): ``(len(flat), hidden)``.
+
+    :func:`final_hidden` at the distinct indices, read back in ``flat``'s order.
+    """
+    want = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
+    want[flat] = True
+    rank = want.cumsum(0) - 1  # a wanted index's row in final_hidden's output
+    return final_hidden(body, input_ids, mask, position_ids, want.view(mask.shape))[rank[flat]]
+
+
 def hidden_at(body: Any, input_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
               want: torch.Tensor) -> torch.Tensor:
     """The final (normed) hidden states at the ``want`` columns: ``(N, hidden)`` in row-major order.

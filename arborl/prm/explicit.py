@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from arborl.config import ConfigError
-from arborl.policy.tail import final_hidden
+from arborl.policy.tail import hidden_rows
 from arborl.prm.common import last_token_of_steps, minibatches, outcome, trainable_copy
 from arborl.train.batch import TokenBatch, collate, length_chunks
 from arborl.train.config import TrainConfig
@@ -174,11 +174,8 @@ class StepScorer(torch.nn.Module):
         position_ids = (mask.cumsum(-1) - 1).clamp_min(0)
         last = last_token_of_steps(batch.step_of_token, n_steps)  # flat (B * T) index of each step's last token
         present = (last >= 0).nonzero()[:, 0]
-        want = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
-        want[last[present]] = True
-        rank = want.cumsum(0) - 1  # a wanted token's row in ``hidden``
-        hidden = final_hidden(self.backbone.base_model, batch.input_ids, mask, position_ids, want.view(mask.shape))
-        return self.head(hidden[rank[last[present]]].float()), present
+        hidden = hidden_rows(self.backbone.base_model, batch.input_ids, mask, position_ids, last[present])
+        return self.head(hidden.float()), present
 
 
 class ExplicitPRM:

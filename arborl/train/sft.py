@@ -20,7 +20,7 @@ from arborl.policy.model import resolve_device, to_device
 from arborl.rollout.media import image_inputs
 from arborl.store.base import StoreError
 from arborl.store.url import redact
-from arborl.train.batch import TokenBatch, collate, micro_chunks
+from arborl.train.batch import TokenBatch, collate, length_chunks, micro_chunks
 from arborl.train.config import TrainConfig
 from arborl.train.embeddings import freeze_embeddings
 from arborl.train.loggers import Metrics
@@ -44,16 +44,18 @@ def _step_gradients(model, batch: TokenBatch, micro_batch_tokens: int) -> dict[s
     tokens (:func:`arborl.train.batch.micro_chunks`), each piece's loss weighted by its share of the
     batch's trained tokens, so the gradient is the whole batch's up to float rounding.
     """
-    rows = torch.sort(batch.attention_mask.sum(-1), stable=True).indices
-    pieces = micro_chunks(batch, rows, micro_batch_tokens) if micro_batch_tokens else [None]
+    if micro_batch_tokens:
+        rows = length_chunks(batch, len(batch.input_ids))[0]  # every row, sorted by length
+        pieces = [batch.select(p) for p in micro_chunks(batch, rows, micro_batch_tokens)]
+    else:
+        pieces = [batch]
     total = max(float(batch.loss_mask.sum()), 1.0)
     loss = 0.0
-    for piece in pieces:
-        sub = batch if piece is None else batch.select(piece)
+    for sub in pieces:
         logp = token_logprobs(model, sub.input_ids, sub.attention_mask, positions=sub.loss_mask,
                               pixel_values=sub.pixel_values)
         out = sft_loss(logp, sub.loss_mask)
-        share = 1.0 if piece is None else float(sub.loss_mask.sum()) / total
+        share = float(sub.loss_mask.sum()) / total if len(pieces) > 1 else 1.0
         (out.loss * share).backward()
         loss += share * out.terms["loss/sft"]
     return {"loss/sft": loss}
