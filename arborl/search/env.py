@@ -49,7 +49,9 @@ import functools
 import json
 import random
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 from arborl.config import ConfigError
 from arborl.env import split
@@ -97,6 +99,22 @@ def load_dataset(corpus: str = "", qa: str = "", seed: int = 0, test_frac: float
     return tuple(passages), tuple(train), tuple(test)
 
 
+def _train_answers(train: tuple[Question, ...]) -> frozenset[str]:
+    return frozenset(normalize_answer(a) for q in train for a in q.golden_answers)
+
+
+@functools.lru_cache(maxsize=4)
+def _lookups(corpus: str, qa: str, seed: int, test_frac: float, n_questions: int, filler: bool,
+             hop_fracs: tuple[float, float]) -> tuple[Mapping[str, str], frozenset[str]]:
+    """Passage id -> title, and the normalised training answers: read-only, one copy per dataset.
+
+    A run builds an env per engine slot and rollout call (thousands for ``synth``); computing these
+    for each took ~60 ms of a ~64 ms build on the search recipe's 12,000 questions.
+    """
+    passages, train, _ = load_dataset(corpus, qa, seed, test_frac, n_questions, filler, hop_fracs)
+    return MappingProxyType({p.id: p.title for p in passages}), _train_answers(train)
+
+
 @functools.lru_cache(maxsize=4)
 def _vocabulary(corpus: str, qa: str, seed: int, test_frac: float, n_questions: int, filler: bool = True,
                 hop_fracs: tuple[float, float] = _HOPS) -> tuple[str, ...]:
@@ -109,13 +127,19 @@ def _vocabulary(corpus: str, qa: str, seed: int, test_frac: float, n_questions: 
     return tuple(words)
 
 
-def retriever_url(corpus: str, qa: str, seed: int, test_frac: float, method: str, filler: bool = True) -> str:
-    """The URL of this process's retriever server for the dataset, started on first use."""
+def retriever_url(corpus: str, qa: str, seed: int, test_frac: float, method: str, filler: bool = True,
+                  n_questions: int = 3000, hop_fracs: tuple[float, float] = _HOPS) -> str:
+    """The URL of this process's retriever server for the dataset, started on first use.
+
+    The passages do not depend on ``n_questions`` or ``hop_fracs`` (they shape the questions); given
+    as the env's own, the server reads the passages of the env's cached dataset instead of drawing
+    the world again.
+    """
     from arborl.search.retriever import build_retriever
     from arborl.search.server import RetrieverServer
 
     def start() -> RetrieverServer:
-        passages = load_dataset(corpus, qa, seed, test_frac, filler=filler)[0]
+        passages = load_dataset(corpus, qa, seed, test_frac, n_questions, filler, hop_fracs)[0]
         server = RetrieverServer(build_retriever(list(passages), method), method=method).start()
         print(f"arborl: retriever serving {len(passages)} passages ({method}) at {server.url}", file=sys.stderr)
         return server
@@ -129,13 +153,13 @@ class _SearchTask:
     """Seed -> Task over the train and held-out questions; reward, metrics and oracle of the task."""
 
     def __init__(self, train: tuple[Question, ...], test: tuple[Question, ...], test_seed_start: int,
-                 format_reward: float, text, titles: dict[str, str], grounded_reward: float = 0.0,
-                 oracle_error: float = 0.0) -> None:
+                 format_reward: float, text, titles: Mapping[str, str], grounded_reward: float = 0.0,
+                 oracle_error: float = 0.0, train_answers: frozenset[str] | None = None) -> None:
         self.train, self.test, self.test_seed_start = train, test, test_seed_start
         self.oracle_error = oracle_error
         self.format_reward, self.text, self.titles = format_reward, text, titles
         self.grounded_reward = grounded_reward
-        self.train_answers = frozenset(normalize_answer(a) for q in train for a in q.golden_answers)
+        self.train_answers = _train_answers(train) if train_answers is None else train_answers
         self.env: ToolEnv | None = None  # the env this source serves (its calls are the episode's searches)
         self._title_list: list[str] | None = None  # random_action's titles, sorted once on first use
 
@@ -297,11 +321,13 @@ def search_r1_env(
         raise ConfigError("env.kwargs: two_hop_frac / three_hop_frac shape the generated set; with your own "
                           "`corpus` and `qa` files the questions are yours: remove them")
     # shares out of range are a ConfigError of CorpusConfig, which names them
-    passages, train, test = load_dataset(corpus, qa, corpus_seed, test_frac, n_questions, filler, hops)
-    endpoint = url or retriever_url(corpus, qa, corpus_seed, test_frac, method, filler)
+    dataset = (corpus, qa, corpus_seed, test_frac, n_questions, filler, hops)
+    _, train, test = load_dataset(*dataset)
+    endpoint = url or retriever_url(corpus, qa, corpus_seed, test_frac, method, filler, n_questions, hops)
     text = spaced if spaced_text else _same
-    source = _SearchTask(train, test, test_seed_start, format_reward, text, {p.id: p.title for p in passages},
-                         grounded_reward, oracle_error)
+    titles, train_answers = _lookups(*dataset)
+    source = _SearchTask(train, test, test_seed_start, format_reward, text, titles, grounded_reward, oracle_error,
+                         train_answers)
     tool = SearchTool(SearchClient(endpoint, topk=topk, timeout=timeout_s, retries=retries), topk=topk,
                       transform=spaced if spaced_text else None)
     env = ToolEnv(source, [tool], source.reward, call_format=FORMATS[tool_format](), max_steps=max_steps,

@@ -395,3 +395,25 @@ def test_three_hop_questions_the_oracle_its_slip_and_the_bridge_metric(env_kw):
         search_r1_env(**env_kw, three_hop_frac=0.6)
     with pytest.raises(ConfigError, match="your own"):
         search_r1_env(**env_kw, corpus="c.jsonl", qa="q.jsonl", three_hop_frac=0.2)
+
+
+def test_envs_of_one_dataset_share_its_title_and_answer_lookups_computed_once(data, env_kw):
+    """A run builds an env per engine slot and rollout call: the per-dataset lookups are built once."""
+    from arborl.search import env as search_env
+    from arborl.search.reward import normalize_answer
+
+    passages, train, _ = data
+    a, b = search_r1_env(**env_kw), search_r1_env(**env_kw)
+    assert a.tasks is not b.tasks  # each env has its own task source (it points back at its env)
+    assert a.tasks.titles is b.tasks.titles and a.tasks.train_answers is b.tasks.train_answers
+    assert dict(a.tasks.titles) == {p.id: p.title for p in passages}
+    assert a.tasks.train_answers == {normalize_answer(g) for q in train for g in q.golden_answers}
+    with pytest.raises(TypeError):
+        a.tasks.titles["x"] = "y"  # shared: read-only
+    short = search_r1_env(**env_kw, n_questions=60)  # another dataset: its own lookups
+    assert short.tasks.train_answers is not a.tasks.train_answers
+    assert short.tasks.train_answers == {normalize_answer(g) for q in load_dataset(n_questions=60)[1]
+                                         for g in q.golden_answers}
+    assert search_env._lookups.cache_info().currsize >= 2
+    # the questions differ, the passages do not: one retriever server serves both (retriever_url)
+    assert load_dataset(n_questions=60)[0] == passages
