@@ -99,10 +99,6 @@ def load_dataset(corpus: str = "", qa: str = "", seed: int = 0, test_frac: float
     return tuple(passages), tuple(train), tuple(test)
 
 
-def _train_answers(train: tuple[Question, ...]) -> frozenset[str]:
-    return frozenset(normalize_answer(a) for q in train for a in q.golden_answers)
-
-
 @functools.lru_cache(maxsize=4)
 def _lookups(corpus: str, qa: str, seed: int, test_frac: float, n_questions: int, filler: bool,
              hop_fracs: tuple[float, float]) -> tuple[Mapping[str, str], frozenset[str]]:
@@ -112,7 +108,8 @@ def _lookups(corpus: str, qa: str, seed: int, test_frac: float, n_questions: int
     for each took ~60 ms of a ~64 ms build on the search recipe's 12,000 questions.
     """
     passages, train, _ = load_dataset(corpus, qa, seed, test_frac, n_questions, filler, hop_fracs)
-    return MappingProxyType({p.id: p.title for p in passages}), _train_answers(train)
+    return (MappingProxyType({p.id: p.title for p in passages}),
+            frozenset(normalize_answer(a) for q in train for a in q.golden_answers))
 
 
 @functools.lru_cache(maxsize=4)
@@ -153,13 +150,13 @@ class _SearchTask:
     """Seed -> Task over the train and held-out questions; reward, metrics and oracle of the task."""
 
     def __init__(self, train: tuple[Question, ...], test: tuple[Question, ...], test_seed_start: int,
-                 format_reward: float, text, titles: Mapping[str, str], grounded_reward: float = 0.0,
-                 oracle_error: float = 0.0, train_answers: frozenset[str] | None = None) -> None:
+                 format_reward: float, text, titles: Mapping[str, str], train_answers: frozenset[str],
+                 grounded_reward: float = 0.0, oracle_error: float = 0.0) -> None:
         self.train, self.test, self.test_seed_start = train, test, test_seed_start
         self.oracle_error = oracle_error
         self.format_reward, self.text, self.titles = format_reward, text, titles
         self.grounded_reward = grounded_reward
-        self.train_answers = _train_answers(train) if train_answers is None else train_answers
+        self.train_answers = train_answers  # normalised; shared by the envs of a dataset (_lookups)
         self.env: ToolEnv | None = None  # the env this source serves (its calls are the episode's searches)
         self._title_list: list[str] | None = None  # random_action's titles, sorted once on first use
 
@@ -326,8 +323,8 @@ def search_r1_env(
     endpoint = url or retriever_url(corpus, qa, corpus_seed, test_frac, method, filler, n_questions, hops)
     text = spaced if spaced_text else _same
     titles, train_answers = _lookups(*dataset)
-    source = _SearchTask(train, test, test_seed_start, format_reward, text, titles, grounded_reward, oracle_error,
-                         train_answers)
+    source = _SearchTask(train, test, test_seed_start, format_reward, text, titles, train_answers, grounded_reward,
+                         oracle_error)
     tool = SearchTool(SearchClient(endpoint, topk=topk, timeout=timeout_s, retries=retries), topk=topk,
                       transform=spaced if spaced_text else None)
     env = ToolEnv(source, [tool], source.reward, call_format=FORMATS[tool_format](), max_steps=max_steps,
