@@ -93,9 +93,19 @@ def hidden_at(body: Any, input_ids: torch.Tensor, mask: torch.Tensor, position_i
         want: ``(B, T)`` bool, the columns whose hidden states are returned (the order of
             ``want.nonzero()``).
     """
+    bias = eager_bias(mask, mask.shape[1], body.embed_tokens.weight.dtype)  # (B, 1, T, T)
+    return biased_hidden_at(body, input_ids, position_ids, bias, want)
+
+
+def biased_hidden_at(body: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, bias: torch.Tensor,
+                     want: torch.Tensor) -> torch.Tensor:
+    """:func:`hidden_at` under any additive attention ``bias`` ``(B, 1, T, T)`` (0: attend; the dtype's minimum: not).
+
+    The bias says which column each query sees, so one row can hold several sequences (a
+    prefix tree packed by :mod:`arborl.policy.packed`) with their own ``position_ids``.
+    """
     hidden = body.embed_tokens(input_ids)
     cos, sin = body.rotary_emb(hidden, position_ids)
-    bias = eager_bias(mask, mask.shape[1], hidden.dtype)  # (B, 1, T, T)
     layers = body.layers[: body.config.num_hidden_layers]
     for layer in layers[:-1]:
         hidden = _layer(layer, hidden, cos, sin, bias)

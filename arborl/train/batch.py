@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from arborl.credit import StepBatch
+from arborl.policy import packed
 from arborl.rollout.branch import credited_turns
 from arborl.rollout.media import ImageInputs
 from arborl.trajectory import Episode, linearize
@@ -87,6 +88,32 @@ def micro_chunks(batch: TokenBatch, rows: Tensor, max_tokens: int) -> list[Tenso
             pieces.append(rows[start:i])
             start, width = i, 0
         width = max(width, n)
+    pieces.append(rows[start:])
+    return pieces
+
+
+def prefix_chunks(batch: TokenBatch, rows: Tensor, max_tokens: int) -> list[Tensor]:
+    """``rows`` in lexicographic order, split into consecutive pieces of at most ``max_tokens`` distinct prefixes.
+
+    The pieces of a prefix-shared pass (``rl.prefix_share``): a piece costs its distinct prefixes
+    (:func:`arborl.policy.packed.distinct_prefixes`), and rows next to each other in lexicographic
+    order share the most. A row with more tokens than ``max_tokens`` is a piece of its own.
+    ``max_tokens`` 0: one piece.
+    """
+    if not len(rows):
+        return [rows]
+    ids, order = packed.lexicographic(batch.input_ids[rows], batch.attention_mask[rows])
+    rows = rows[order]
+    if not max_tokens:
+        return [rows]
+    pieces, start, used, prev = [], 0, 0, []
+    for i, row in enumerate(ids):
+        new = len(row) - packed.common_prefix(row, prev)
+        if i > start and used + new > max_tokens:
+            pieces.append(rows[start:i])
+            start, used, new = i, 0, len(row)
+        used += new
+        prev = row
     pieces.append(rows[start:])
     return pieces
 

@@ -41,7 +41,7 @@ from arborl.config import ConfigError
 from arborl.credit import StepBatch, credit_on_groups, starpo_s_groups
 from arborl.env import Env
 from arborl.loss import ppo_clip_loss
-from arborl.policy import load_policy, save_policy, token_logprobs, token_logprobs_and_entropy
+from arborl.policy import load_policy, packed, save_policy, token_logprobs, token_logprobs_and_entropy
 from arborl.policy.model import (
     add_lora,
     is_lora,
@@ -51,6 +51,7 @@ from arborl.policy.model import (
     set_training_options,
     to_device,
 )
+from arborl.policy.packed import packed_token_logprobs_and_entropy
 from arborl.policy.vision import image_spec
 from arborl.rollout import RolloutConfig, run_episodes
 from arborl.rollout.branch import branch_specs, own_turns
@@ -62,7 +63,16 @@ from arborl.rollout.vllm_policy import vllm_rollout_policy
 from arborl.tools.metrics import episode_metrics, tool_metrics
 from arborl.train.advantages import record_advantages
 from arborl.train.async_rollout import Rollout, RolloutProcess, RolloutWorker
-from arborl.train.batch import TokenBatch, broadcast, collate, failed, length_chunks, micro_chunks, step_batch
+from arborl.train.batch import (
+    TokenBatch,
+    broadcast,
+    collate,
+    failed,
+    length_chunks,
+    micro_chunks,
+    prefix_chunks,
+    step_batch,
+)
 from arborl.train.common import (
     load_trainer_state,
     rng_state,
@@ -96,15 +106,21 @@ def _update(model, opt, cfg: TrainConfig, batch: TokenBatch, adv: Tensor, ref_lo
         for c in torch.randperm(len(chunks), generator=gen).tolist():
             opt.zero_grad(set_to_none=True)
             # rl.micro_batch_tokens: pieces with accumulated gradients (token-mean only: the step stays the same)
-            pieces = micro_chunks(batch, chunks[c], rc.micro_batch_tokens if rc.loss_agg == "token-mean" else 0)
+            cap = rc.micro_batch_tokens if rc.loss_agg == "token-mean" else 0
+            pieces = _pieces(model, batch, chunks[c], cap, rc.prefix_share)
             mb_tokens = max(float(batch.loss_mask[chunks[c]].sum()), 1.0)
             terms: dict[str, float] = {}
-            for mb in pieces:
+            for mb, pack in pieces:
                 sub = batch.select(mb)
                 w = sub.input_ids.shape[1]
-                logp, ent = token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, temperature=temp,
-                                                       positions=sub.loss_mask, entropy_grad=rc.entropy_coef != 0,
-                                                       pixel_values=sub.pixel_values)
+                if pack:
+                    logp, ent = packed_token_logprobs_and_entropy(
+                        model, sub.input_ids, sub.attention_mask, temperature=temp, positions=sub.loss_mask,
+                        entropy_grad=rc.entropy_coef != 0, pack_tokens=pack)
+                else:
+                    logp, ent = token_logprobs_and_entropy(model, sub.input_ids, sub.attention_mask, temperature=temp,
+                                                           positions=sub.loss_mask, entropy_grad=rc.entropy_coef != 0,
+                                                           pixel_values=sub.pixel_values)
                 out = ppo_clip_loss(
                     logp, sub.old_logp, adv[mb, :w], sub.loss_mask,
                     clip_low=rc.clip_low, clip_high=rc.clip_high, clip_c=rc.clip_c, agg=rc.loss_agg,
@@ -126,6 +142,27 @@ def _update(model, opt, cfg: TrainConfig, batch: TokenBatch, adv: Tensor, ref_lo
     return {k: v / max(n, 1) for k, v in sums.items()}
 
 
+def _pieces(model, batch: TokenBatch, rows: Tensor, cap: int, prefix_share: int) -> list[tuple[Tensor, int]]:
+    """One minibatch's passes: ``(rows, pack size)``, pack size 0 for a padded pass.
+
+    ``rl.micro_batch_tokens`` pieces of padded rows, or with ``rl.prefix_share`` pieces in prefix
+    order, each one pass over its prefix tree in the packs that cost least, whichever of the two
+    costs less by :func:`arborl.policy.packed.padded_cost`: a tree packed with rows that share
+    little pays attention over masked pairs that padded rows do not.
+    """
+    padded = micro_chunks(batch, rows, cap)
+    if not prefix_share or batch.pixel_values is not None or not packed.supported(model):
+        return [(p, 0) for p in padded]
+    lengths = batch.attention_mask.sum(-1)
+    padded_cost = packed.padded_cost(model, [(len(p), int(lengths[p].max())) for p in padded if len(p)])
+    shared, shared_cost = [], 0.0
+    for p in prefix_chunks(batch, rows, cap):
+        size, cost = packed.best_pack_tokens(model, batch.input_ids[p], batch.attention_mask[p], prefix_share)
+        shared.append((p, size))
+        shared_cost += cost
+    return shared if shared_cost < padded_cost else [(p, 0) for p in padded]
+
+
 def _accumulate_terms(terms: dict[str, float], piece: dict[str, float], share: float) -> None:
     """Fold one piece's loss terms into its minibatch's: ``*_max`` terms by max, the others weighted by ``share``."""
     for k, v in piece.items():
@@ -133,14 +170,20 @@ def _accumulate_terms(terms: dict[str, float], piece: dict[str, float], share: f
 
 
 @torch.no_grad()
-def _ref_logprobs(ref, batch: TokenBatch, chunk: int, temperature: float) -> Tensor:
-    """Reference-policy log-probs of ``batch``, computed in chunks of similar lengths."""
+def _ref_logprobs(ref, batch: TokenBatch, chunk: int, temperature: float, prefix_share: int = 0) -> Tensor:
+    """Reference-policy log-probs of ``batch``, computed in chunks of similar lengths (``prefix_share``: over
+    each chunk's prefix tree, see ``rl.prefix_share``).
+    """
     out = torch.zeros_like(batch.old_logp)
-    for rows in length_chunks(batch, chunk):
+    for rows, pack in (p for c in length_chunks(batch, chunk) for p in _pieces(ref, batch, c, 0, prefix_share)):
         sub = batch.select(rows)
-        out[rows, : sub.input_ids.shape[1]] = token_logprobs(ref, sub.input_ids, sub.attention_mask,
-                                                             temperature=temperature, positions=sub.loss_mask,
-                                                             pixel_values=sub.pixel_values)
+        if pack:
+            lp = packed_token_logprobs_and_entropy(ref, sub.input_ids, sub.attention_mask, temperature=temperature,
+                                                   positions=sub.loss_mask, entropy_grad=False, pack_tokens=pack)[0]
+        else:
+            lp = token_logprobs(ref, sub.input_ids, sub.attention_mask, temperature=temperature,
+                                positions=sub.loss_mask, pixel_values=sub.pixel_values)
+        out[rows, : sub.input_ids.shape[1]] = lp
     return out
 
 
@@ -435,9 +478,9 @@ def _learn(cfg: TrainConfig, it: int, lrn: _Learner, ro: Rollout, store, credit:
         kept = to_device(batch.select(rows), device)
         temp = cfg.rollout.sampling.logprob_temperature
         with phase("ref_logp"), torch_threads(rc.update_threads):
-            ref_logp = None if lrn.ref is None else _ref_logprobs(lrn.ref, kept, rc.minibatch_size, temp)
+            ref_logp = None if lrn.ref is None else _ref_logprobs(lrn.ref, kept, rc.minibatch_size, temp, rc.prefix_share)
             # a stale batch (rl.max_staleness): decoupled PPO's proximal policy is the one before this update
-            prox_logp = _ref_logprobs(lrn.model, kept, rc.minibatch_size, temp) if ro.version != it else None
+            prox_logp = _ref_logprobs(lrn.model, kept, rc.minibatch_size, temp, rc.prefix_share) if ro.version != it else None
         with phase("update"), torch_threads(rc.update_threads):
             terms = _update(lrn.model, lrn.opt, cfg, kept, adv[rows, : kept.input_ids.shape[1]].to(device), ref_logp,
                             lrn.gen, prox_logp)

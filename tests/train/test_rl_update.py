@@ -161,6 +161,91 @@ def test_micro_batches_take_the_same_step_as_the_whole_minibatch():
         assert abs(t_whole[k] - t_split[k]) < 1e-4 * max(1.0, abs(t_whole[k])), k
 
 
+def test_prefix_shared_update_takes_the_same_step_as_the_padded_one():
+    """rl.prefix_share: each piece one pass over its prefix tree; the weights after two epochs (with KL and
+    entropy terms, micro-batched or not) equal the padded update's to float rounding."""
+    import copy
+
+    from arborl.policy.packed import distinct_prefixes
+    from arborl.train.batch import length_chunks
+    from arborl.train.rl import _pieces, _ref_logprobs
+
+    torch.manual_seed(0)
+    model, batch, adv = _shared_batch()
+    assert distinct_prefixes(batch.input_ids, batch.attention_mask) < 0.4 * int(batch.attention_mask.sum())
+    # the cost rule packs these minibatches, whole and in pieces (else this test would compare the padded
+    # path with itself)
+    cap = int(batch.attention_mask.sum(-1).max()) * 2
+    for c in length_chunks(batch, 16):
+        assert all(pack for _, pack in _pieces(model, batch, c, 0, 64) + _pieces(model, batch, c, cap, 64))
+    ref = copy.deepcopy(model).requires_grad_(False)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    ref_logp = _ref_logprobs(ref, batch, 16, 1.0)
+    torch.testing.assert_close(_ref_logprobs(ref, batch, 16, 1.0, prefix_share=64), ref_logp, atol=1e-5, rtol=1e-5)
+    for micro in ([], [f"rl.micro_batch_tokens={cap}"]):
+        results = []
+        for extra in ([], ["rl.prefix_share=64"]):
+            cfg = load_config(TrainConfig, None, ["rl.ppo_epochs=2", "rl.minibatch_size=16", "rl.kl_coef=0.1",
+                                                  "rl.entropy_coef=0.01", *micro, *extra])
+            m = copy.deepcopy(model)
+            opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+            results.append((m, _update(m, opt, cfg, batch, adv, ref_logp, torch.Generator().manual_seed(0))))
+        (padded, t_padded), (shared, t_shared) = results
+        for a, b in zip(padded.parameters(), shared.parameters(), strict=True):
+            torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+        assert any((a - b).abs().max() > 0 for a, b in zip(model.parameters(), padded.parameters(), strict=True))
+        for k in ("loss/policy", "loss/kl", "loss/entropy", "diag/clip_frac", "grad_norm"):
+            assert abs(t_padded[k] - t_shared[k]) < 1e-4 * max(1.0, abs(t_padded[k])), k
+
+
+def _shared_batch(copies: int = 3):
+    """:func:`_rollout_batch` with every row ``copies`` times (group members that played the same moves)."""
+    from arborl.train.batch import TokenBatch
+
+    model, batch, adv = _rollout_batch()
+    fields = (batch.input_ids, batch.attention_mask, batch.loss_mask, batch.old_logp, batch.step_of_token)
+    return model, TokenBatch(*(t.repeat(copies, 1) for t in fields)), adv.repeat(copies, 1)
+
+
+def test_prefix_share_packs_only_where_it_costs_less():
+    from arborl.train.batch import length_chunks
+    from arborl.train.rl import _pieces
+
+    torch.manual_seed(0)
+    model, batch, _ = _rollout_batch()  # 16 rollouts that part after their first observation
+    everything = torch.arange(len(batch.input_ids))
+    padded = _pieces(model, batch, everything, 0, 0)
+    assert [(p.tolist(), k) for p, k in padded] == [(everything.tolist(), 0)]  # off: one padded pass
+    # on, with rows that share little: packed attention over masked pairs would cost more than padding
+    assert all(k == 0 for c in length_chunks(batch, 8) for _, k in _pieces(model, batch, c, 0, 64))
+    model, shared, _ = _shared_batch()
+    pieces = _pieces(model, shared, torch.arange(len(shared.input_ids)), 0, 64)
+    assert all(k > 0 for _, k in pieces)
+    assert sorted(r for p, _ in pieces for r in p.tolist()) == list(range(len(shared.input_ids)))  # every row once
+
+
+def test_prefix_chunks_sort_rows_and_cap_the_distinct_tokens_by_hand():
+    from arborl.train.batch import TokenBatch, prefix_chunks
+
+    rows = [[5, 6, 8], [9, 1], [5, 6, 7, 1], [5, 2]]
+    ids = torch.zeros(4, 4, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, r in enumerate(rows):
+        ids[b, : len(r)] = torch.tensor(r)
+        mask[b, : len(r)] = 1
+    z = torch.zeros(4, 4)
+    batch = TokenBatch(ids, mask, z, z, torch.zeros_like(ids))
+    everything = torch.arange(4)
+    # lexicographic: [5 2] (2 new), [5 6 7 1] (3 new), [5 6 8] (1 new), [9 1] (2 new)
+    assert [p.tolist() for p in prefix_chunks(batch, everything, 0)] == [[3, 2, 0, 1]]
+    assert [p.tolist() for p in prefix_chunks(batch, everything, 6)] == [[3, 2, 0], [1]]
+    # cap 5: [5 2] + [5 6 7 1] is 5; [5 6 8] starts afresh (3), + [9 1] is 5
+    assert [p.tolist() for p in prefix_chunks(batch, everything, 5)] == [[3, 2], [0, 1]]
+    assert [p.tolist() for p in prefix_chunks(batch, everything, 1)] == [[3], [2], [0], [1]]
+
+
 def test_micro_batch_tokens_is_checked():
     import pytest
 
@@ -168,6 +253,8 @@ def test_micro_batch_tokens_is_checked():
 
     with pytest.raises(ConfigError, match=r"rl\.micro_batch_tokens must be >= 0"):
         load_config(TrainConfig, None, ["rl.micro_batch_tokens=-1"])
+    with pytest.raises(ConfigError, match=r"rl\.prefix_share must be >= 0"):
+        load_config(TrainConfig, None, ["rl.prefix_share=-1"])
 
 
 
