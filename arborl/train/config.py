@@ -277,7 +277,7 @@ class RLConfig:
     of rows that share little), so the option never makes a pass much dearer. Llama and Qwen2 text
     policies (eager attention); others take the padded path. 0: off. Measured on one update pass
     (docs/demo.md, "Prefix-shared updates"): 1.7x faster for the demo's branch rows, 2.0x for the
-    search recipe's groups of 8; the code agent's rows share too little and stay padded."""
+    search recipe's groups of 8 (which sets it); the code agent's rows share too little and stay padded."""
     clip_low: float = 0.2
     """PPO clips the importance ratio from below at ``1 - clip_low``."""
     clip_high: float = 0.2
