@@ -54,13 +54,13 @@ class Packing:
 def distinct_prefixes(input_ids: Tensor, attention_mask: Tensor) -> int:
     """How many distinct prefixes (prefix-tree nodes) the rows' real tokens have: the tokens a packed pass computes."""
     rows = lexicographic(input_ids, attention_mask)[0]
-    return sum(len(r) - lcp for r, lcp in zip(rows, _lcps(rows), strict=True))
+    return sum(len(r) - lcp for r, lcp in zip(rows, lcps(rows), strict=True))
 
 
 def lexicographic(input_ids: Tensor, attention_mask: Tensor) -> tuple[list[list[int]], Tensor]:
     """The rows' real tokens in lexicographic order, and that order (row indices)."""
     rows = _real_rows(input_ids, attention_mask)[0]
-    order = sorted(range(len(rows)), key=rows.__getitem__)
+    order = _order(rows)
     return [rows[b] for b in order], torch.tensor(order, dtype=torch.long)
 
 
@@ -84,13 +84,14 @@ def trie_pack(input_ids: Tensor, attention_mask: Tensor, pack_tokens: int,
     if pack_tokens < 1:
         raise ValueError(f"pack_tokens is {pack_tokens}; use a positive number of nodes per pack")
     rows, cols = _real_rows(input_ids, attention_mask)
-    order = sorted(range(len(rows)), key=rows.__getitem__)
+    order = _order(rows)
     ordered = [rows[b] for b in order]
-    lcps = _lcps(ordered)
+    shared = lcps(ordered)
     packs: list[list[int]] = []  # per pack: node tokens
     paths: list[tuple[int, list[int]]] = [(0, [])] * len(rows)  # per row: (pack, node slot per real token)
     prev_path: list[int] = []
-    for b, row, lcp, p in zip(order, ordered, lcps, _layout([len(r) for r in ordered], lcps, pack_tokens), strict=True):
+    placed = layout([len(r) for r in ordered], shared, pack_tokens)
+    for b, row, lcp, p in zip(order, ordered, shared, placed, strict=True):
         if p == len(packs):  # a new pack: the row's prefix is created again there
             packs.append([])
             lcp = 0
@@ -174,15 +175,22 @@ def packed_token_logprobs_and_entropy(
     return scatter(picked), None if ent is None else scatter(ent[rank[parent]])
 
 
-def _lcps(ordered: list[list[int]]) -> list[int]:
+def lcps(ordered: list[list[int]]) -> list[int]:
     """Each row's longest common prefix with the row before it (0 for the first)."""
     return [common_prefix(r, prev) for prev, r in zip([[], *ordered[:-1]], ordered, strict=True)]
 
 
-def _layout(lengths: list[int], lcps: list[int], pack_tokens: int) -> list[int]:
-    """The pack of each row (in lexicographic order): a row joins the current pack while its new nodes fit."""
+def _order(rows: list[list[int]]) -> list[int]:
+    """Row indices in the lexicographic order of the rows' tokens."""
+    return sorted(range(len(rows)), key=rows.__getitem__)
+
+
+def layout(lengths: list[int], shared: list[int], pack_tokens: int) -> list[int]:
+    """The pack of each row (in lexicographic order, ``shared`` tokens with the row before): a row joins the current
+    pack while its new nodes fit; one that does not (or is longer than ``pack_tokens``) starts the next.
+    """
     out, size = [], 0
-    for n, lcp in zip(lengths, lcps, strict=True):
+    for n, lcp in zip(lengths, shared, strict=True):
         if not out or (size and size + n - lcp > pack_tokens):
             out.append(out[-1] + 1 if out else 0)
             size = n
@@ -197,9 +205,10 @@ def _cost(model, rows: int, width: int) -> float:
     cfg = model.config
     h, inter = cfg.hidden_size, cfg.intermediate_size
     heads = cfg.num_attention_heads
-    kv = (getattr(cfg, "num_key_value_heads", None) or heads) * (getattr(cfg, "head_dim", None) or h // heads)
+    head_dim = getattr(cfg, "head_dim", None) or h // heads
+    kv = (getattr(cfg, "num_key_value_heads", None) or heads) * head_dim
     per_token = 2 * h * h + 2 * h * kv + 3 * h * inter  # q, o; k, v; the MLP's three
-    per_pair = 2 * heads * (getattr(cfg, "head_dim", None) or h // heads)  # scores and weighted values
+    per_pair = 2 * heads * head_dim  # scores and weighted values
     return rows * width * per_token + rows * width * width * per_pair
 
 
@@ -215,15 +224,15 @@ def best_pack_tokens(model, input_ids: Tensor, attention_mask: Tensor, cap: int)
     masked pairs of unrelated rows. Tried: the longest row times 1, 2, 4, ... and the cap.
     """
     ordered = lexicographic(input_ids, attention_mask)[0]
-    lcps, lengths = _lcps(ordered), [len(r) for r in ordered]
+    shared, lengths = lcps(ordered), [len(r) for r in ordered]
     longest = max(lengths, default=1)
     top = max(cap, longest)
     sizes = sorted({top, *(longest << k for k in range(12) if longest << k < top)})
     best = (top, float("inf"))
     for size in sizes:
-        packs = _layout(lengths, lcps, size)
+        packs = layout(lengths, shared, size)
         nodes = [0] * (packs[-1] + 1 if packs else 1)
-        for n, lcp, p, q in zip(lengths, lcps, packs, [-1, *packs[:-1]], strict=True):
+        for n, lcp, p, q in zip(lengths, shared, packs, [-1, *packs[:-1]], strict=True):
             nodes[p] += n - (lcp if p == q else 0)
         cost = _cost(model, len(nodes), max(nodes))
         if cost < best[1]:

@@ -106,16 +106,8 @@ def prefix_chunks(batch: TokenBatch, rows: Tensor, max_tokens: int) -> list[Tens
     rows = rows[order]
     if not max_tokens:
         return [rows]
-    pieces, start, used, prev = [], 0, 0, []
-    for i, row in enumerate(ids):
-        new = len(row) - packed.common_prefix(row, prev)
-        if i > start and used + new > max_tokens:
-            pieces.append(rows[start:i])
-            start, used, new = i, 0, len(row)
-        used += new
-        prev = row
-    pieces.append(rows[start:])
-    return pieces
+    piece = torch.tensor(packed.layout([len(r) for r in ids], packed.lcps(ids), max_tokens))  # a pack = a piece
+    return list(rows.split(torch.bincount(piece).tolist()))
 
 
 def collate(episodes: Sequence[Episode], *, pad_id: int = 0, images: ImageInputs | None = None) -> TokenBatch:

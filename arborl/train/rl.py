@@ -102,12 +102,14 @@ def _update(model, opt, cfg: TrainConfig, batch: TokenBatch, adv: Tensor, ref_lo
     n = 0
     chunks = length_chunks(batch, rc.minibatch_size)
     tokens_per_chunk = max(float(batch.loss_mask.sum()) / len(chunks), 1.0)
+    # rl.micro_batch_tokens: pieces with accumulated gradients (token-mean only: the step stays the same);
+    # planned once, for every epoch
+    cap = rc.micro_batch_tokens if rc.loss_agg == "token-mean" else 0
+    planned = [_pieces(model, batch, rows, cap, rc.prefix_share) for rows in chunks]
     for _ in range(rc.ppo_epochs):
         for c in torch.randperm(len(chunks), generator=gen).tolist():
             opt.zero_grad(set_to_none=True)
-            # rl.micro_batch_tokens: pieces with accumulated gradients (token-mean only: the step stays the same)
-            cap = rc.micro_batch_tokens if rc.loss_agg == "token-mean" else 0
-            pieces = _pieces(model, batch, chunks[c], cap, rc.prefix_share)
+            pieces = planned[c]
             mb_tokens = max(float(batch.loss_mask[chunks[c]].sum()), 1.0)
             terms: dict[str, float] = {}
             for mb, pack in pieces:
