@@ -143,16 +143,30 @@ def aggregate(values: Sequence[float]) -> dict[str, float] | None:
             "n": len(values)}
 
 
-def area_under_curve(points: Sequence[tuple[float, float]]) -> float | None:
-    """Trapezoid area under ``(env_steps, success)`` points divided by the env steps they span.
+def area_under_curve(points: Sequence[tuple[float, float]], last: float = 1.0) -> float | None:
+    """Trapezoid area under ``(env_steps, success)`` points divided by the env steps it covers.
 
-    The result is the run's mean success along its budget, in [0, 1]; None for fewer than two points.
+    With ``last = 1`` the area spans all the points: the run's mean success along its budget, in [0, 1].
+    With ``last < 1`` it spans only the last ``last`` of the env steps (the curve interpolated linearly
+    at the cut): the mean success of the run's late part, which a single final checkpoint's scatter moves
+    less than the final figure. None for fewer than two points.
     """
+    if not 0.0 < last <= 1.0:
+        raise ValueError(f"last must be a share of the budget in (0, 1], got {last}")
     pts = sorted(points)
     if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
         return None
+    if last < 1.0:
+        cut = pts[-1][0] - last * (pts[-1][0] - pts[0][0])
+        (x0, y0), (x1, y1) = next((a, b) for a, b in zip(pts, pts[1:], strict=False) if a[0] <= cut <= b[0])
+        y_cut = y0 if x1 == x0 else y0 + (y1 - y0) * (cut - x0) / (x1 - x0)
+        pts = [(cut, y_cut)] + [p for p in pts if p[0] > cut]
     area = sum((x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in zip(pts, pts[1:], strict=False))
     return area / (pts[-1][0] - pts[0][0])
+
+
+LATE = 0.25
+"""The share of the budget, at its end, that the ``late`` column averages success over."""
 
 
 def _toml(value: Any) -> str:
@@ -338,6 +352,7 @@ def run_result(run: Run, sft_run: Run | None) -> dict[str, Any]:
     points = [(0, sft_run.summary["sft"]["success"])] + [(r["env_steps"], r["success"]) for r in rl_rows if "success" in r]
     points.append((s["env_steps"], s["rl"]["success"]))
     out.update(success=s["rl"]["success"], points=points, auc=area_under_curve(points),
+               late=area_under_curve(points, LATE),
                wall_s=sft_run.summary["stage_s"]["sft"] + s["stage_s"]["rl"], tokens=s["tokens"],
                env_steps=s["env_steps"], iterations=rl_rows[-1]["step"] if rl_rows else 0,
                no_signal_frac=no_signal_fraction(run.path),
@@ -345,7 +360,7 @@ def run_result(run: Run, sft_run: Run | None) -> dict[str, Any]:
     return out
 
 
-METRIC_KEYS = ("success", "auc", "wall_s", "tokens", "no_signal_frac", "env_steps", "iterations")
+METRIC_KEYS = ("success", "auc", "late", "wall_s", "tokens", "no_signal_frac", "env_steps", "iterations")
 
 
 def method_row(method: str, results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -411,6 +426,7 @@ COLUMNS = (
     ("gap", "gap"),
     ("success_by_seed", "per seed"),
     ("auc", "AUC"),
+    ("late", "late"),
     ("wall_s", "wall s"),
     ("tokens", "tokens"),
     ("no_signal_frac", "no-signal"),
@@ -425,7 +441,8 @@ LEGEND = (
     "gap: success minus the baseline method's (named in the column title), seed by seed (both start from that "
     "seed's SFT checkpoint), mean ± standard error over the seeds both finished; "
     "AUC: mean success along the RL budget (trapezoid area of the success curve over RL env steps / env steps "
-    "spanned; the curve is the SFT start, the probes, then the final evaluation); wall s: training seconds from "
+    "spanned; the curve is the SFT start, the probes, then the final evaluation); late: the same mean over the "
+    "last quarter of the env steps only (less moved by one checkpoint's scatter than the final figure); wall s: training seconds from "
     "scratch (the seed's SFT + RL, or sft_more's SFT); tokens: model tokens trained on in RL; no-signal: fraction "
     "of RL groups whose members all succeeded or all failed; env steps, iters: RL rollout turns (own turns of "
     "branches and tree continuations included, their re-played prefixes not) and iterations run; means over "
@@ -443,9 +460,9 @@ def _cell(key: str, value: Any) -> str:
     if key == "gap":
         return f"{value['mean']:+.3f} ± {value['se']:.3f} ({value['n']})"  # (n): the seeds it is over
     if isinstance(value, dict):
-        digits = {"success": 3, "auc": 3, "no_signal_frac": 2}.get(key, 0)
+        digits = {"success": 3, "auc": 3, "late": 3, "no_signal_frac": 2}.get(key, 0)
         mean = f"{value['mean']:,.{digits}f}"
-        return f"{mean} ± {value['std']:.{digits}f}" if key in ("success", "auc") else mean
+        return f"{mean} ± {value['std']:.{digits}f}" if key in ("success", "auc", "late") else mean
     return str(value)
 
 

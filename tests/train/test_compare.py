@@ -9,6 +9,7 @@ import pytest
 from arborl import cli
 from arborl.config import ConfigError, load_config
 from arborl.train.compare import (
+    LATE,
     SFT_MORE,
     CompareArgs,
     aggregate,
@@ -71,6 +72,20 @@ def test_area_under_curve_is_mean_success_over_env_steps():
     assert area_under_curve([(0, 0.5)]) is None
 
 
+def test_late_success_is_the_mean_over_the_last_share_of_the_budget_by_hand():
+    pts = [(0, 0.5), (100, 0.7), (300, 0.9)]
+    # cut at 300 - 0.25 * 300 = 225, where the curve is 0.7 + 0.2 * 125 / 200 = 0.825: (0.825 + 0.9) / 2
+    assert area_under_curve(pts, LATE) == pytest.approx(0.8625)
+    assert area_under_curve(pts, 0.5) == pytest.approx((0.75 + 0.9) / 2)  # cut at 150
+    assert area_under_curve(list(reversed(pts)), 0.5) == pytest.approx((0.75 + 0.9) / 2)  # order-free
+    # a cut on a probe: only the segments after it count (the dip before it does not)
+    assert area_under_curve([(0, 1.0), (50, 0.0), (100, 1.0), (200, 0.6)], 0.5) == pytest.approx(0.8)
+    assert area_under_curve(pts, 1.0) == area_under_curve(pts)
+    assert area_under_curve([(0, 0.5)], LATE) is None
+    with pytest.raises(ValueError, match="share of the budget"):
+        area_under_curve(pts, 0.0)
+
+
 def test_mean_curve_interpolates_seeds_on_one_grid():
     xs, mu, sd = mean_curve([[(0, 0.0), (100, 1.0)], [(0, 0.5), (200, 0.5)]], n=3)
     assert xs == [0.0, 50.0, 100.0]  # up to the shorter curve's end
@@ -79,7 +94,8 @@ def test_mean_curve_interpolates_seeds_on_one_grid():
 
 
 def _result(method, seed, success, auc=0.5, error=None):
-    return {"method": method, "seed": seed, "error": error, "success": success, "auc": auc, "wall_s": 10.0 * (seed + 1),
+    return {"method": method, "seed": seed, "error": error, "success": success, "auc": auc, "late": auc + 0.1,
+            "wall_s": 10.0 * (seed + 1),
             "tokens": 100, "no_signal_frac": 0.5, "env_steps": 1000, "iterations": 4}
 
 
@@ -92,7 +108,7 @@ def test_method_row_aggregates_finished_seeds_and_keeps_the_error():
     assert row["error"] == "seed 2: exit 1: boom"
     assert row["success_by_seed"] == [0.6, 0.8, None]
     md = markdown_table([row])
-    assert "| grpo | 0.700 ± 0.141 | 0.600 / 0.800 / — | 0.500 ± 0.000 | 15 | 100 | 0.50 | 1,000 | 4 | seed 2: exit 1: boom |" in md
+    assert "| grpo | 0.700 ± 0.141 | 0.600 / 0.800 / — | 0.500 ± 0.000 | 0.600 ± 0.000 | 15 | 100 | 0.50 | 1,000 | 4 | seed 2: exit 1: boom |" in md
 
 
 def test_paired_gap_is_the_mean_and_standard_error_of_per_seed_differences_by_hand():
