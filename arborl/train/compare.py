@@ -157,10 +157,10 @@ def area_under_curve(points: Sequence[tuple[float, float]], last: float = 1.0) -
     if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
         return None
     if last < 1.0:
+        import numpy as np
+
         cut = pts[-1][0] - last * (pts[-1][0] - pts[0][0])
-        (x0, y0), (x1, y1) = next((a, b) for a, b in zip(pts, pts[1:], strict=False) if a[0] <= cut <= b[0])
-        y_cut = y0 if x1 == x0 else y0 + (y1 - y0) * (cut - x0) / (x1 - x0)
-        pts = [(cut, y_cut)] + [p for p in pts if p[0] > cut]
+        pts = [(cut, float(np.interp(cut, [p[0] for p in pts], [p[1] for p in pts])))] + [p for p in pts if p[0] > cut]
     area = sum((x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in zip(pts, pts[1:], strict=False))
     return area / (pts[-1][0] - pts[0][0])
 
@@ -459,10 +459,11 @@ def _cell(key: str, value: Any) -> str:
         return " / ".join("—" if v is None else f"{v:.3f}" for v in value)
     if key == "gap":
         return f"{value['mean']:+.3f} ± {value['se']:.3f} ({value['n']})"  # (n): the seeds it is over
-    if isinstance(value, dict):
-        digits = {"success": 3, "auc": 3, "late": 3, "no_signal_frac": 2}.get(key, 0)
+    if isinstance(value, dict):  # success figures as mean ± std, the rest as means
+        spread = key in ("success", "auc", "late")
+        digits = 3 if spread else 2 if key == "no_signal_frac" else 0
         mean = f"{value['mean']:,.{digits}f}"
-        return f"{mean} ± {value['std']:.{digits}f}" if key in ("success", "auc", "late") else mean
+        return f"{mean} ± {value['std']:.{digits}f}" if spread else mean
     return str(value)
 
 
