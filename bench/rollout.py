@@ -7,12 +7,17 @@ word-level vocabulary) and prints episodes/s, generated tokens/s and the ratio t
 * ``engine``: ``run_episodes`` with the KV cache kept across turns (the default).
 * ``engine, re-prefill``: the same engine with ``reuse_cache=False`` (whole history prefilled
   every turn).
+* ``engine, bf16 weights``: the same kept-cache engine on the bfloat16 rollout copy that
+  ``policy.rollout_dtype = "bfloat16"`` samples from (matrix products in bfloat16, attention and
+  KV cache in float32). Not the float32 model's numbers: its log-probs are recomputed by the
+  trainer. Shown only on CPUs that multiply bfloat16 natively (AVX-512 BF16, AMX).
 * ``HF generate baseline``: every turn, each live episode's full conversation is rendered with
   the chat template, re-tokenized, left-padded into one batch and passed to ``model.generate``.
 
 Usage: ``python bench/rollout.py [--episodes 64] [--turns 8] [--threads 1,2] [--max-new-tokens 12]
-[--no-reprefill]`` (one table per thread count, then one summary line per thread count: the
-kept-cache engine's tokens/s and its speed-up over the baseline of the same table). To compare
+[--no-reprefill] [--no-bf16]`` (one table per thread count, then one summary line per thread count
+and precision: the kept-cache engine's tokens/s and its speed-up over the baseline of the same
+table). To compare
 code states, run it from each checkout on the same machine back to back (docs/demo.md, "The
 engine's own speed", has the engine's before/after).
 """
@@ -28,6 +33,7 @@ import torch
 from arborl.env.base import StepResult
 from arborl.policy import ChatRenderer, ModelConfig, build_model, train_tokenizer
 from arborl.rollout import EpisodeSpec, ModelPolicy, RolloutConfig, SamplingConfig, run_episodes
+from arborl.rollout.policy import cpu_has_native_bf16, rollout_model
 
 ACTIONS = ("left", "right", "up", "down")
 SYSTEM = "you walk on a frozen lake map . answer with one move : left right up down"
@@ -141,19 +147,24 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=12)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-reprefill", action="store_true", help="skip the re-prefill row (a shorter run)")
+    ap.add_argument("--no-bf16", action="store_true", help="skip the bf16-weights row")
     args = ap.parse_args()
     tok, renderer, model = _setup(args.seed)
+    if not args.no_bf16 and not cpu_has_native_bf16():
+        print("this CPU has no native bfloat16 (AVX-512 BF16, AMX): the bf16-weights row is skipped")
+        args.no_bf16 = True
     summary = []
     for threads in [int(t) for t in args.threads.split(",")]:
         torch.set_num_threads(threads)
-        summary.append((threads, *_table(model, tok, renderer, args, threads)))
+        summary += [(threads, *row) for row in _table(model, tok, renderer, args, threads)]
     print()
-    for threads, tokens_s, speedup in summary:
-        print(f"engine (kept KV cache), threads={threads}: {tokens_s:.0f} tokens/s, {speedup:.2f}x the HF generate baseline")
+    for threads, name, tokens_s, speedup in summary:
+        print(f"{name}, threads={threads}: {tokens_s:.0f} tokens/s, {speedup:.2f}x the HF generate baseline")
 
 
-def _table(model: Any, tok: Any, renderer: ChatRenderer, args: argparse.Namespace, threads: int) -> tuple[float, float]:
-    """Print one table at ``threads``; returns the kept-cache engine's tokens/s and its speed-up."""
+def _table(model: Any, tok: Any, renderer: ChatRenderer, args: argparse.Namespace,
+           threads: int) -> list[tuple[str, float, float]]:
+    """Print one table at ``threads``; returns each kept-cache engine row's name, tokens/s and speed-up."""
     n_params = sum(p.numel() for p in model.parameters())
     print(f"\n{args.episodes} episodes x {args.turns} turns, max_new_tokens={args.max_new_tokens}, "
           f"threads={threads}, model {n_params / 1e6:.2f}M params, vocab {len(tok)}")
@@ -162,13 +173,16 @@ def _table(model: Any, tok: Any, renderer: ChatRenderer, args: argparse.Namespac
     if not args.no_reprefill:
         rows.append(("engine, re-prefill", *_engine(model, renderer, args, False)))
     rows.append(("engine (kept KV cache)", *_engine(model, renderer, args, True)))
+    if not args.no_bf16:
+        half = rollout_model(model, "bfloat16")
+        _engine(half, renderer, argparse.Namespace(**{**vars(args), "episodes": 4, "turns": 2}), True)  # warm-up
+        rows.append(("engine, bf16 weights", *_engine(half, renderer, args, True)))
     base = rows[0][1]
     print(f"| {'method':<24} | {'seconds':>8} | {'episodes/s':>10} | {'tokens/s':>9} | {'speed-up':>8} |")
     print(f"|{'-' * 26}|{'-' * 10}|{'-' * 12}|{'-' * 11}|{'-' * 10}|")
     for name, dt, n in rows:
         print(f"| {name:<24} | {dt:8.2f} | {args.episodes / dt:10.2f} | {n / dt:9.0f} | {base / dt:7.2f}x |")
-    _, dt, n = rows[-1]
-    return n / dt, base / dt
+    return [(name, n / dt, base / dt) for name, dt, n in rows if name.startswith("engine (") or "bf16" in name]
 
 
 if __name__ == "__main__":

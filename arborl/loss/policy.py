@@ -15,6 +15,8 @@ diagnostics. Metric names (also logged by the trainer):
 * ``diag/behav_weight_mean`` / ``diag/behav_weight_max`` — with ``prox_logp`` (decoupled PPO), the mean
   and largest behaviour weight ``pi_prox / pi_behav`` over trained tokens, before truncation.
 * ``diag/behav_trunc_frac`` — fraction of trained tokens whose behaviour weight was truncated at ``behav_cap``.
+* ``diag/behav_logp_gap`` — mean ``|log pi_prox - log pi_behav|`` over trained tokens: how far the sampler's
+  log-probs are from the trainer's (0 up to rounding for a fresh float32 batch).
 
 Decoupled PPO (Hilton et al. 2022, "Batch size-invariance for policy optimization"; AReaL, Fu et al.
 2025, Eq. 5) separates the two roles the "old" policy plays in PPO when rollouts are stale: the
@@ -128,7 +130,8 @@ def ppo_clip_loss(
         entropy: ``[B, T]`` token entropies (with grad) for the bonus.
         entropy_coef: weight of the entropy bonus.
         prox_logp: ``[B, T]`` proximal-policy log-probs (no grad): the policy before this update, when
-            the batch was sampled by an older one (``rl.max_staleness``); None: PPO-clip to ``old_logp``.
+            the batch was sampled by an older one (``rl.max_staleness``) or in another precision
+            (``rl.recompute_logp``); None: PPO-clip to ``old_logp``.
         behav_cap: truncation of the behaviour weight ``pi_prox / pi_behav`` (decoupled PPO only).
     """
     anchor = old_logp if prox_logp is None else prox_logp
@@ -168,11 +171,12 @@ def ppo_clip_loss(
 
 
 def _behaviour_diagnostics(behav: Tensor, m: Tensor, n: Tensor, cap: float) -> dict[str, float]:
-    """Mean, max and truncated fraction of the behaviour weights over trained tokens ``m``."""
+    """Mean, max and truncated fraction of the behaviour weights over trained tokens ``m``, and their mean log gap."""
     return {
         "diag/behav_weight_mean": float((behav * m).sum() / n),
         "diag/behav_weight_max": float((behav * m).max()) if m.any() else 1.0,
         "diag/behav_trunc_frac": float(((behav > cap).to(m.dtype) * m).sum() / n),
+        "diag/behav_logp_gap": float((behav.log().abs() * m).sum() / n),
     }
 
 

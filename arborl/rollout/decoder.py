@@ -30,6 +30,13 @@ Two more steps save work without changing a number:
 The result is bit-identical to the generic forward (``tests/rollout/test_decoder.py`` and the
 engine's golden fingerprints). Models it does not know (vision models, other attention
 implementations, sliding windows) take the generic path: :func:`supports` says which.
+
+A model in bfloat16 or float16 (the rollout copy of ``policy.rollout_dtype``) runs its matrix
+products in that precision but its attention in float32: the rotary embedding, the kept keys and
+values, the scores and the softmax. On the CPU a half-precision batched product over a view of the
+kept cache first copies the whole cache (8x slower than float32 at the bench's shapes), and the
+float32 cache keeps long contexts' positions apart. That path is not the generic forward's numbers
+(it is a different precision); the trainer recomputes its log-probs (``rl.recompute_logp``).
 """
 
 from __future__ import annotations
@@ -90,8 +97,9 @@ def fast_forward(model: Any, cache: BatchKVCache, ids: torch.Tensor, mask: torch
     """
     core = model.model
     hidden = core.embed_tokens(ids)
-    cos, sin = core.rotary_emb(hidden, positions)
-    bias = eager_bias(mask, ids.shape[1], hidden.dtype)
+    work = attention_dtype(hidden.dtype)
+    cos, sin = core.rotary_emb(hidden.to(work), positions)
+    bias = eager_bias(mask, ids.shape[1], work)
     layers = core.layers[: model.config.num_hidden_layers]
     for i, layer in enumerate(layers):
         tail = _tail(*ids.shape) if i == len(layers) - 1 else None
@@ -99,6 +107,14 @@ def fast_forward(model: Any, cache: BatchKVCache, ids: torch.Tensor, mask: torch
     # the last column only after the norm, as transformers' logits_to_keep=1 does: the output
     # projection over every column would round differently (a GEMM's result depends on its size)
     return model.lm_head(core.norm(hidden)[:, -1:])[:, -1]
+
+
+def attention_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The precision of the attention (rotary embedding, kept cache, scores) for a model in ``dtype``.
+
+    float32 for half-precision models (see the module docstring), the model's own otherwise.
+    """
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
 
 
 def _tail(b: int, c: int) -> tuple[int, int] | None:
@@ -125,7 +141,8 @@ def _layer(layer: Any, index: int, hidden: torch.Tensor, cos: torch.Tensor, sin:
     attn = layer.self_attn
     b, c, _ = hidden.shape
     x = layer.input_layernorm(hidden)
-    q, k, v = _qkv(attn, x)
+    work = attention_dtype(hidden.dtype)
+    q, k, v = (t.to(work) for t in _qkv(attn, x))  # no copy in float32
     shape = (b, c, -1, attn.head_dim)
     q, k, v = q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)
     family = sys.modules[type(attn).__module__]  # transformers' modeling_llama / modeling_qwen2
@@ -139,7 +156,7 @@ def _layer(layer: Any, index: int, hidden: torch.Tensor, cos: torch.Tensor, sin:
         hidden = hidden[:, -cols:]
     else:
         out = _attend(q, k, v, bias, attn.scaling)
-    hidden = hidden + attn.o_proj(out)
+    hidden = hidden + attn.o_proj(out.to(hidden.dtype))
     return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 
 

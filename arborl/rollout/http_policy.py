@@ -57,7 +57,7 @@ from arborl.policy.model import save_policy
 from arborl.rollout.config import SamplingConfig
 from arborl.rollout.generate import TurnOutput, TurnRequest
 from arborl.rollout.kvcache import PrefixCache
-from arborl.rollout.policy import ModelPolicy
+from arborl.rollout.policy import ModelPolicy, rollout_model
 
 Api = Literal["openai", "sglang"]
 
@@ -295,7 +295,8 @@ class HTTPSession:
 def rollout_policy(spec: Any, model: Any, tokenizer: Any, version: int, sync_dir: str | Path) -> ModelPolicy | HTTPPolicy:
     """The policy RL rollouts sample from, per ``spec`` (the run's ``policy`` config section).
 
-    ``backend = "local"``: the model in this process. ``"http"``: the servers of ``spec.urls``,
+    ``backend = "local"``: the model in this process (its ``rollout_dtype`` copy, see
+    :func:`~arborl.rollout.policy.rollout_model`). ``"http"``: the servers of ``spec.urls``,
     after writing the current weights to ``sync_dir`` and making every server load them as
     ``version`` (the servers must be able to read ``sync_dir``: same machine or a shared disk).
 
@@ -304,7 +305,7 @@ def rollout_policy(spec: Any, model: Any, tokenizer: Any, version: int, sync_dir
     """
     renderer = ChatRenderer(tokenizer, spec.system_prompt or None)
     if spec.backend == "local":
-        return ModelPolicy(model, renderer)
+        return ModelPolicy(rollout_model(model, spec.rollout_dtype), renderer)
     policy = HTTPPolicy(list(spec.urls), renderer, api=spec.http_api, model=spec.http_model or None,
                         timeout_s=spec.http_timeout_s, retries=spec.http_retries)
     save_policy(model, tokenizer, sync_dir)

@@ -8,7 +8,11 @@ end-of-turn token), behaviour log-probs 0.0.
 
 from __future__ import annotations
 
+import copy
+import warnings
+import weakref
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -20,6 +24,57 @@ from arborl.policy.vision import ImageSpec, image_spec
 from arborl.rollout.config import SamplingConfig
 from arborl.rollout.generate import LMSession, TurnOutput, TurnRequest
 from arborl.rollout.kvcache import PrefixCache
+
+ROLLOUT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+"""``policy.rollout_dtype`` names and the parameter precision of the rollout copy."""
+
+_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Per trained model: its half-precision rollout copy (parameters re-cast at every :func:`rollout_model`)."""
+
+
+def rollout_model(model: PreTrainedModel, dtype: str = "float32") -> PreTrainedModel:
+    """The model RL rollouts sample from: ``model`` itself in float32, else a copy in ``dtype``.
+
+    The copy (made at the first call, then kept per model) has its parameters in ``dtype`` and its
+    buffers (the rotary frequencies) as they are; every call copies the model's current weights into
+    it, so a rollout after an update samples from the updated policy. The engine runs its attention
+    in float32 (:mod:`arborl.rollout.decoder`). Its behaviour log-probs are not the float32 model's:
+    the update recomputes them (``rl.recompute_logp``).
+
+    Raises:
+        ValueError: an unknown ``dtype``.
+    """
+    if dtype not in ROLLOUT_DTYPES:
+        raise ValueError(f"rollout dtype {dtype!r} is unknown; choose one of {list(ROLLOUT_DTYPES)}")
+    want = ROLLOUT_DTYPES[dtype]
+    if want == torch.float32:
+        return model
+    half = _COPIES.get(model)
+    if half is None:
+        device = next(model.parameters()).device
+        if device.type == "cpu" and not cpu_has_native_bf16():
+            warnings.warn(f"policy.rollout_dtype = {dtype!r} on a CPU without AVX-512 BF16 or AMX: its bfloat16 "
+                          "matrix products are emulated and several times slower than float32; use "
+                          '"float32"', stacklevel=2)
+        half = copy.deepcopy(model).eval().requires_grad_(False)
+        for p in half.parameters():
+            p.data = p.data.to(want)
+            p.grad = None
+        _COPIES[model] = half
+    else:
+        with torch.no_grad():
+            for mine, theirs in zip(half.parameters(), model.parameters(), strict=True):
+                mine.copy_(theirs)
+    return half
+
+
+def cpu_has_native_bf16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool:
+    """Whether the CPU multiplies bfloat16 natively (``avx512_bf16`` or ``amx_bf16`` among its flags)."""
+    try:
+        flags = Path(cpuinfo).read_text().split()
+    except OSError:  # not Linux: unknown, assume yes (no warning)
+        return True
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 class PolicySession(Protocol):

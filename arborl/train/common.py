@@ -37,9 +37,13 @@ METRICS = {
     "diag/clip_frac": "RL: fraction of trained tokens where the clipped branch of PPO was active",
     "diag/approx_kl": "RL: mean 0.5 * (logp - old_logp)^2, a k2 estimate of KL(behaviour || current)",
     "diag/ratio_max": "RL: largest importance ratio in the minibatch (mean over the iteration's steps)",
-    "diag/behav_weight_mean": "RL, stale batch (rl.max_staleness): mean behaviour weight pi_prox / pi_behav",
-    "diag/behav_weight_max": "RL, stale batch: largest behaviour weight pi_prox / pi_behav, before truncation",
-    "diag/behav_trunc_frac": "RL, stale batch: fraction of trained tokens whose behaviour weight hit rl.behav_cap",
+    "diag/behav_weight_mean": "RL, recomputed log-probs (stale batch, rl.recompute_logp): mean behaviour weight "
+                              "pi_prox / pi_behav",
+    "diag/behav_weight_max": "RL, recomputed log-probs: largest behaviour weight pi_prox / pi_behav, before truncation",
+    "diag/behav_trunc_frac": "RL, recomputed log-probs: fraction of trained tokens whose behaviour weight hit "
+                             "rl.behav_cap",
+    "diag/behav_logp_gap": "RL, recomputed log-probs: mean |log pi_prox - log pi_behav| over trained tokens (the "
+                           "sampler's distance from the trainer)",
     "train/staleness": "RL: policy versions between the weights that sampled the batch and those it updates",
     "train/staleness_max": "RL: largest policy-version lag of any turn of the batch (<= rl.max_staleness)",
     "time/rollout_worker": "RL, rl.max_staleness >= 1: seconds the rollout worker spent sampling the batch",

@@ -92,6 +92,12 @@ class PolicySpec:
     autocast: Literal["none", "bf16"] = "none"
     """RL update: run the training forward in bfloat16 autocast (weights stay float32; rollouts and reference
     log-probs stay float32, so the ratio at the behaviour policy is only approximately 1)."""
+    rollout_dtype: Literal["float32", "bfloat16"] = "float32"
+    """RL rollouts on the local engine: ``bfloat16`` samples from a bfloat16 copy of the policy (its weights
+    copied in after every update; attention and KV cache stay float32), about 1.3x faster on CPUs with AVX-512
+    BF16 or AMX and several times slower on others. Its log-probs are not the trained float32 model's, so the
+    update recomputes them and weights each token by the truncated ratio (``rl.recompute_logp``, docs/async.md).
+    Evaluation and checkpoints stay float32."""
     device: str = "auto"
     """Where SFT, mid-training and RL train (model, reference, optimizer state, batches) and RL rollouts run:
     ``auto`` (CUDA when torch sees a GPU, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``. The final
@@ -140,6 +146,10 @@ class PolicySpec:
             from arborl.rollout.vllm_policy import MISSING
 
             raise ConfigError(MISSING)
+        if self.rollout_dtype != "float32" and self.backend != "local":
+            raise ConfigError(f'policy.rollout_dtype = "{self.rollout_dtype}" sets the local engine\'s precision; with '
+                              f'policy.backend = "{self.backend}" the servers choose theirs (vLLM: --dtype). Set '
+                              'policy.rollout_dtype = "float32"')
         if not 0 < self.vllm_gpu_memory_utilization < 1:
             raise ConfigError(f"policy.vllm_gpu_memory_utilization is {self.vllm_gpu_memory_utilization}; use a "
                               "fraction in (0, 1), e.g. 0.4")
@@ -449,7 +459,16 @@ class RLConfig:
     the update; weights cross over as a state dict after each update) or on a thread of this one
     (docs/async.md measures both)."""
     behav_cap: float = 5.0
-    """``max_staleness >= 1``: truncation of decoupled PPO's behaviour weight pi_prox / pi_behav per token."""
+    """Truncation of decoupled PPO's behaviour weight pi_prox / pi_behav per token (when the log-probs are
+    recomputed: ``recompute_logp``)."""
+    recompute_logp: Literal["auto", "always", "never"] = "auto"
+    """Recompute the batch's log-probs with the weights about to be updated (one no-grad forward, timed as
+    ``ref_logp``) and train by decoupled PPO: the trust region around them, each token weighted by
+    ``min(pi_prox / pi_behav, behav_cap)``. ``auto``: when the sampler's numbers are not the trainer's: a stale
+    batch (``max_staleness``), ``policy.rollout_dtype`` other than float32 or ``policy.backend = "vllm"``
+    (bf16 on the GPU); ``always``: every iteration (e.g. HTTP servers in another precision); ``never``: PPO to
+    the recorded log-probs (refused with ``max_staleness``). ``policy.autocast`` is no reason: the recomputation
+    has no gradient, so it runs in float32, as the sampler did."""
     grad_clip: float = 1.0
     """Clip the global gradient norm of every optimizer step to this value."""
     weight_decay: float = 0.0
@@ -472,6 +491,9 @@ class RLConfig:
             raise ValueError(f"rl.branch_states is {self.branch_states}; use 0 (every visited state) or a positive count")
         if not 0 <= self.clip_low < 1 or self.clip_high < 0:
             raise ValueError(f"rl.clip_low must be in [0, 1) and rl.clip_high >= 0 (got {self.clip_low}, {self.clip_high})")
+        if self.recompute_logp == "never" and self.max_staleness:
+            raise ValueError(f"rl.recompute_logp = \"never\" with rl.max_staleness = {self.max_staleness}: a stale "
+                             "batch needs the proximal policy's log-probs; set rl.recompute_logp = \"auto\"")
         if not self.behav_cap >= 1:
             raise ValueError(f"rl.behav_cap is {self.behav_cap}; truncate the behaviour weight at 1 or more (5 is usual)")
         if self.clip_c <= 1:

@@ -189,6 +189,17 @@ def _ref_logprobs(ref, batch: TokenBatch, chunk: int, temperature: float, prefix
     return out
 
 
+def recomputes_logp(cfg: TrainConfig) -> bool:
+    """Whether every batch's log-probs are recomputed before the update (``rl.recompute_logp``; stale batches
+    always are): ``auto`` when the sampler computes in another precision than the trainer.
+    """
+    mode = cfg.rl.recompute_logp
+    if mode != "auto":
+        return mode == "always"
+    policy = cfg.policy
+    return policy.rollout_dtype != "float32" or policy.backend == "vllm"
+
+
 def rl_lr(rc: RLConfig, it: int) -> float:
     """Learning rate of iteration ``it`` (0-based): linear warm-up, then constant or half-cosine decay."""
     if rc.warmup_iters and it < rc.warmup_iters:
@@ -481,8 +492,10 @@ def _learn(cfg: TrainConfig, it: int, lrn: _Learner, ro: Rollout, store, credit:
         temp = cfg.rollout.sampling.logprob_temperature
         with phase("ref_logp"), torch_threads(rc.update_threads):
             ref_logp = None if lrn.ref is None else _ref_logprobs(lrn.ref, kept, rc.minibatch_size, temp, rc.prefix_share)
-            # a stale batch (rl.max_staleness): decoupled PPO's proximal policy is the one before this update
-            prox_logp = _ref_logprobs(lrn.model, kept, rc.minibatch_size, temp, rc.prefix_share) if ro.version != it else None
+            # a stale batch (rl.max_staleness) or a sampler in another precision: decoupled PPO's proximal
+            # policy is the one before this update
+            prox = ro.version != it or recomputes_logp(cfg)
+            prox_logp = _ref_logprobs(lrn.model, kept, rc.minibatch_size, temp, rc.prefix_share) if prox else None
         with phase("update"), torch_threads(rc.update_threads):
             terms = _update(lrn.model, lrn.opt, cfg, kept, adv[rows, : kept.input_ids.shape[1]].to(device), ref_logp,
                             lrn.gen, prox_logp)

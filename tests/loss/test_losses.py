@@ -68,6 +68,8 @@ def test_decoupled_ppo_hand_computed():
     assert out.terms["diag/behav_weight_mean"] == pytest.approx((1.2 + 0.5 + 8.0) / 3, abs=1e-5)
     assert out.terms["diag/behav_weight_max"] == pytest.approx(8.0, abs=1e-5)
     assert out.terms["diag/behav_trunc_frac"] == pytest.approx(1 / 3)
+    # |log 1.2| + |log 0.5| + |log 8|, over three tokens
+    assert out.terms["diag/behav_logp_gap"] == pytest.approx((0.18232 + 0.69315 + 2.07944) / 3, abs=1e-4)
     out.loss.backward()
     # only the unclipped token moves: d/dlogp of -A * w * r = -2 * 5 * 1.1, over 3 tokens
     assert logp.grad.tolist()[0] == pytest.approx([0.0, 0.0, -2 * 5.0 * 1.1 / 3], abs=1e-5)
