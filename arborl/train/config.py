@@ -94,8 +94,9 @@ class PolicySpec:
     log-probs stay float32, so the ratio at the behaviour policy is only approximately 1)."""
     rollout_dtype: Literal["float32", "bfloat16"] = "float32"
     """RL rollouts on the local engine: ``bfloat16`` samples from a bfloat16 copy of the policy (its weights
-    copied in after every update; attention and KV cache stay float32), about 1.3x faster on CPUs with AVX-512
-    BF16 or AMX and several times slower on others. Its log-probs are not the trained float32 model's, so the
+    copied in after every update; attention and KV cache stay float32): up to 1.3x faster rollouts on CPUs with
+    AVX-512 BF16 or AMX where large batches run on one thread (bench/rollout.py), no faster for the FrozenLake
+    demo's short turns (docs/demo.md), several times slower on CPUs without native bf16. Its log-probs are not the trained float32 model's, so the
     update recomputes them and weights each token by the truncated ratio (``rl.recompute_logp``, docs/async.md).
     Evaluation and checkpoints stay float32."""
     device: str = "auto"
