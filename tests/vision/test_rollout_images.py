@@ -167,3 +167,18 @@ def test_a_text_policy_and_a_missing_media_sink_fail_the_episode_with_the_fix():
 def test_no_media_sink_is_an_error_naming_the_fix(vision_model, renderer):
     (ep,) = run_episodes(ModelPolicy(vision_model, renderer), ColourEnv, specs(1), rollout_config(2), generator=gen())
     assert ep.stop_reason == "env_error" and "pass media=store" in ep.metadata["error"]
+
+
+def test_a_bf16_rollout_copy_reads_the_images_too(vision_model, renderer):
+    """``policy.rollout_dtype = "bfloat16"`` with a vision policy: near the float32 model's log-probs, not equal."""
+    import copy
+
+    from arborl.rollout.policy import rollout_model
+
+    trained = copy.deepcopy(vision_model)
+    media = MemoryMedia()
+    eps = run_episodes(ModelPolicy(rollout_model(trained, "bfloat16"), renderer), lambda: lake("first"), specs(3),
+                       rollout_config(4, 3), generator=gen(1), media=media)
+    assert all(t.media for e in eps for t in e.turns)
+    logp, old = _recomputed(trained, eps, media, renderer.tokenizer.pad_token_id)
+    assert 1e-5 < float((logp - old).abs().max()) < 0.02
