@@ -36,6 +36,8 @@ from arborl.rollout import EpisodeSpec, ModelPolicy, RolloutConfig, SamplingConf
 from arborl.rollout.policy import cpu_has_native_bf16, rollout_model
 
 ACTIONS = ("left", "right", "up", "down")
+SUMMARISED = ("engine (kept KV cache)", "engine, bf16 weights")
+"""The rows of each table whose tokens/s and speed-up the summary lines repeat."""
 SYSTEM = "you walk on a frozen lake map . answer with one move : left right up down"
 SIZE = 6
 
@@ -182,7 +184,7 @@ def _table(model: Any, tok: Any, renderer: ChatRenderer, args: argparse.Namespac
     print(f"|{'-' * 26}|{'-' * 10}|{'-' * 12}|{'-' * 11}|{'-' * 10}|")
     for name, dt, n in rows:
         print(f"| {name:<24} | {dt:8.2f} | {args.episodes / dt:10.2f} | {n / dt:9.0f} | {base / dt:7.2f}x |")
-    return [(name, n / dt, base / dt) for name, dt, n in rows if name.startswith("engine (") or "bf16" in name]
+    return [(name, n / dt, base / dt) for name, dt, n in rows if name in SUMMARISED]
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ implementations, sliding windows) take the generic path: :func:`supports` says w
 A model in bfloat16 or float16 (the rollout copy of ``policy.rollout_dtype``) runs its matrix
 products in that precision but its attention in float32: the rotary embedding, the kept keys and
 values, the scores and the softmax. On the CPU a half-precision batched product over a view of the
-kept cache first copies the whole cache (8x slower than float32 at the bench's shapes), and the
+kept cache first copies the whole cache (5-6x slower than float32 at the bench's shapes), and the
 float32 cache keeps long contexts' positions apart. That path is not the generic forward's numbers
 (it is a different precision); the trainer recomputes its log-probs (``rl.recompute_logp``).
 """

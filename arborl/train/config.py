@@ -96,9 +96,9 @@ class PolicySpec:
     """RL rollouts on the local engine: ``bfloat16`` samples from a bfloat16 copy of the policy (its weights
     copied in after every update; attention and KV cache stay float32): up to 1.3x faster rollouts on CPUs with
     AVX-512 BF16 or AMX where large batches run on one thread (bench/rollout.py), no faster for the FrozenLake
-    demo's short turns (docs/demo.md), several times slower on CPUs without native bf16. Its log-probs are not the trained float32 model's, so the
-    update recomputes them and weights each token by the truncated ratio (``rl.recompute_logp``, docs/async.md).
-    Evaluation and checkpoints stay float32."""
+    demo's short turns (docs/demo.md), several times slower on CPUs without native bf16. Its log-probs are not
+    the trained float32 model's, so the update recomputes them and weights each token by the truncated ratio
+    (``rl.recompute_logp``, docs/async.md). Evaluation and checkpoints stay float32."""
     device: str = "auto"
     """Where SFT, mid-training and RL train (model, reference, optimizer state, batches) and RL rollouts run:
     ``auto`` (CUDA when torch sees a GPU, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``. The final
