@@ -15,6 +15,7 @@ from arborl.rollout.kvcache import BatchKVCache
 from arborl.rollout.policy import cpu_has_native_bf16, rollout_model
 from arborl.trajectory.schema import linearize
 
+from .test_decoder import _qwen2
 from .test_engine import _run, _specs
 
 
@@ -51,8 +52,12 @@ def test_the_bf16_copy_has_bf16_weights_float32_buffers_and_follows_updates(trai
     assert half.lm_head.weight is half.model.embed_tokens.weight
 
 
-def test_fast_forward_of_the_bf16_copy_keeps_float32_attention_and_is_close(trained):
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_fast_forward_of_the_bf16_copy_keeps_float32_attention_and_is_close(trained, tokenizer, arch):
+    if arch == "qwen2":  # biased q/k/v projections, stacked in bf16 too
+        trained = _qwen2(len(tokenizer))
     half = rollout_model(trained, "bfloat16")
+    assert supports(half)
     ids = torch.randint(3, 20, (3, 9))
     mask = torch.ones(3, 9, dtype=torch.long)
     pos = torch.arange(9).expand(3, 9)
