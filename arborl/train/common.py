@@ -77,7 +77,8 @@ METRICS = {
     "time/branch": "RL: seconds of the iteration's branch rollouts (rl.branch)",
     "time/store": "RL: seconds the iteration waited on the trajectory store (writing its episodes)",
     "time/credit": "RL: seconds of step batching, rl.filter, the credit estimator and collation",
-    "time/ref_logp": "RL: seconds of the reference policy's log-probs (rl.kl_coef > 0) and, for a stale batch, the proximal policy's",
+    "time/ref_logp": "RL: seconds of the reference policy's log-probs (rl.kl_coef > 0) and, when recomputed (a stale "
+                     "batch, rl.recompute_logp), the proximal policy's",
     "time/update": "RL: seconds of the PPO epochs (forward, backward, optimizer steps)",
     "time/eval": "RL: seconds of the iteration's probe evaluation (every rl.eval_every iterations)",
     "time/iteration": "RL: wall seconds of the whole iteration (the phases plus untimed glue)",
