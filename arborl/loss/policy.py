@@ -14,7 +14,8 @@ diagnostics. Metric names (also logged by the trainer):
 * ``diag/ratio_max`` — largest importance ratio in the batch.
 * ``diag/behav_weight_mean`` / ``diag/behav_weight_max`` — with ``prox_logp`` (decoupled PPO), the mean
   and largest behaviour weight ``pi_prox / pi_behav`` over trained tokens, before truncation.
-* ``diag/behav_trunc_frac`` — fraction of trained tokens whose behaviour weight was truncated at ``behav_cap``.
+* ``diag/behav_trunc_frac`` — fraction of trained tokens whose behaviour weight was truncated at ``behav_cap``
+  (``behav_mode = "mask"``: that left the band ``[1 / behav_cap, behav_cap]`` and were dropped).
 * ``diag/behav_logp_gap`` — mean ``|log pi_prox - log pi_behav|`` over trained tokens: how far the sampler's
   log-probs are from the trainer's (0 up to rounding for a fresh float32 batch).
 
@@ -25,7 +26,10 @@ Decoupled PPO (Hilton et al. 2022, "Batch size-invariance for policy optimizatio
 update, recomputed). The clipped ratio is ``pi_theta / pi_prox``, and each token's surrogate is
 weighted by the detached behaviour ratio ``w = pi_prox / pi_behav``, truncated at ``behav_cap``
 (departure from AReaL, which drops the tokens above its cap: truncating keeps them, biased but
-bounded, as V-trace's rho-bar does). With ``prox_logp = old_logp`` it is PPO-clip exactly.
+bounded, as V-trace's rho-bar does). ``behav_mode = "mask"`` instead drops every token whose weight
+leaves the band ``[1 / behav_cap, behav_cap]`` from the whole loss, denominator included (masked
+importance sampling, as verl and slime offer against a sampler in another precision), and weights
+the others by their untruncated ``w``. With ``prox_logp = old_logp`` either is PPO-clip exactly.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from torch import Tensor
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_KINDS = ("k1", "k2", "k3", "abs")
+BEHAV_MODES = ("truncate", "mask")
 
 
 @dataclass
@@ -109,6 +114,7 @@ def ppo_clip_loss(
     entropy_coef: float = 0.0,
     prox_logp: Tensor | None = None,
     behav_cap: float = 5.0,
+    behav_mode: str = "truncate",
 ) -> LossOutput:
     """PPO clipped surrogate with dual clip, optional KL-to-reference and entropy terms.
 
@@ -133,7 +139,11 @@ def ppo_clip_loss(
             the batch was sampled by an older one (``rl.max_staleness``) or in another precision
             (``rl.recompute_logp``); None: PPO-clip to ``old_logp``.
         behav_cap: truncation of the behaviour weight ``pi_prox / pi_behav`` (decoupled PPO only).
+        behav_mode: ``truncate`` (weights above ``behav_cap`` are set to it) or ``mask`` (tokens whose weight
+            is outside ``[1 / behav_cap, behav_cap]`` leave the loss; decoupled PPO only).
     """
+    if behav_mode not in BEHAV_MODES:
+        raise ValueError(f"unknown behaviour-weight mode {behav_mode!r}; choose one of {BEHAV_MODES}")
     anchor = old_logp if prox_logp is None else prox_logp
     log_ratio = torch.clamp(logp - anchor, -20.0, 20.0)
     ratio = torch.exp(log_ratio)
@@ -143,9 +153,14 @@ def ppo_clip_loss(
     if clip_c is not None:
         pg = torch.where(advantages < 0, torch.minimum(pg, -advantages * clip_c), pg)
     behav = None
+    trained = mask  # the tokens every diagnostic is over
     if prox_logp is not None:  # decoupled PPO: correct for the stale sampler, trust region around pi_prox
         behav = torch.exp(torch.clamp(prox_logp - old_logp, -20.0, 20.0)).detach()
-        pg = pg * torch.clamp(behav, max=behav_cap)
+        if behav_mode == "mask":
+            mask = mask * ((behav <= behav_cap) & (behav >= 1.0 / behav_cap)).to(mask.dtype)
+            pg = pg * behav
+        else:
+            pg = pg * torch.clamp(behav, max=behav_cap)
     policy = aggregate(pg, mask, agg)
     total = policy
     terms: dict[str, float] = {"loss/policy": float(policy.detach())}
@@ -166,16 +181,20 @@ def ppo_clip_loss(
         terms["diag/approx_kl"] = float((0.5 * log_ratio**2 * m).sum() / n)
         terms["diag/ratio_max"] = float((ratio * m).max()) if m.any() else 1.0
         if behav is not None:
-            terms |= _behaviour_diagnostics(behav, m, n, behav_cap)
+            t = trained.to(logp.dtype)
+            terms |= _behaviour_diagnostics(behav, t, t.sum().clamp_min(1.0), behav_cap, behav_mode)
     return LossOutput(total, terms)
 
 
-def _behaviour_diagnostics(behav: Tensor, m: Tensor, n: Tensor, cap: float) -> dict[str, float]:
-    """Mean, max and truncated fraction of the behaviour weights over trained tokens ``m``, and their mean log gap."""
+def _behaviour_diagnostics(behav: Tensor, m: Tensor, n: Tensor, cap: float, mode: str) -> dict[str, float]:
+    """Mean, max and truncated (or masked) fraction of the behaviour weights over trained tokens ``m``, and their
+    mean log gap.
+    """
+    out = (behav > cap) | (behav < 1.0 / cap) if mode == "mask" else behav > cap
     return {
         "diag/behav_weight_mean": float((behav * m).sum() / n),
         "diag/behav_weight_max": float((behav * m).max()) if m.any() else 1.0,
-        "diag/behav_trunc_frac": float(((behav > cap).to(m.dtype) * m).sum() / n),
+        "diag/behav_trunc_frac": float((out.to(m.dtype) * m).sum() / n),
         "diag/behav_logp_gap": float((behav.log().abs() * m).sum() / n),
     }
 

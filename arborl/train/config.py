@@ -462,6 +462,11 @@ class RLConfig:
     behav_cap: float = 5.0
     """Truncation of decoupled PPO's behaviour weight pi_prox / pi_behav per token (when the log-probs are
     recomputed: ``recompute_logp``)."""
+    behav_mode: Literal["truncate", "mask"] = "truncate"
+    """What the behaviour weight does past ``behav_cap``: ``truncate`` (set to the cap; the token still counts)
+    or ``mask`` (a token whose weight leaves ``[1 / behav_cap, behav_cap]`` leaves the loss, denominator
+    included; the others keep their untruncated weight). Masking suits a sampler in another precision, whose
+    outlying tokens are numerical accidents (docs/async.md)."""
     recompute_logp: Literal["auto", "always", "never"] = "auto"
     """Recompute the batch's log-probs with the weights about to be updated (one no-grad forward, timed as
     ``ref_logp``) and train by decoupled PPO: the trust region around them, each token weighted by

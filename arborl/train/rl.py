@@ -129,6 +129,7 @@ def _update(model, opt, cfg: TrainConfig, batch: TokenBatch, adv: Tensor, ref_lo
                     ref_logp=None if ref_logp is None else ref_logp[mb, :w], kl_coef=rc.kl_coef, kl_kind=rc.kl_kind,
                     entropy=ent, entropy_coef=rc.entropy_coef,
                     prox_logp=None if prox_logp is None else prox_logp[mb, :w], behav_cap=rc.behav_cap,
+                    behav_mode=rc.behav_mode,
                 )
                 # Token-mean per minibatch, rescaled so every trained token of the iteration weighs the
                 # same whichever (length-sorted) minibatch or piece of it it lands in.

@@ -75,6 +75,30 @@ def test_decoupled_ppo_hand_computed():
     assert logp.grad.tolist()[0] == pytest.approx([0.0, 0.0, -2 * 5.0 * 1.1 / 3], abs=1e-5)
 
 
+@pytest.mark.parametrize(("cap", "kept", "expected", "clip_frac"), [
+    (10.0, [1, 1, 1], (-1.2 * 1.2 + 0.8 * 0.5 - 2.2 * 8.0) / 3, 2 / 3),  # band [0.1, 10]: every weight in, untruncated
+    (5.0, [1, 1, 0], (-1.2 * 1.2 + 0.8 * 0.5) / 2, 2 / 2),  # 8 > 5: the third token leaves the loss and its denominator
+    (1.5, [1, 0, 0], (-1.2 * 1.2) / 1, 1 / 1),  # band [2/3, 1.5]: 0.5 leaves too
+])
+def test_masked_behaviour_weights_hand_computed(cap, kept, expected, clip_frac):
+    """``behav_mode = "mask"``: the vectors of the test above; tokens outside [1/cap, cap] are dropped, not truncated."""
+    behav = torch.log(torch.tensor([[0.5, 0.5, 0.1]]))
+    prox = torch.log(torch.tensor([[0.6, 0.25, 0.8]]))
+    logp = (prox + torch.log(torch.tensor([[1.5, 0.5, 1.1]]))).requires_grad_()
+    adv = torch.tensor([[1.0, -1.0, 2.0]])
+    out = ppo_clip_loss(logp, behav, adv, torch.ones(1, 3), clip_low=0.2, clip_high=0.2, clip_c=3.0,
+                        prox_logp=prox, behav_cap=cap, behav_mode="mask")
+    assert out.loss.item() == pytest.approx(expected, abs=1e-5)
+    assert out.terms["diag/behav_trunc_frac"] == pytest.approx(kept.count(0) / 3)  # dropped, over every trained token
+    assert out.terms["diag/behav_weight_mean"] == pytest.approx((1.2 + 0.5 + 8.0) / 3, abs=1e-5)
+    assert out.terms["diag/clip_frac"] == pytest.approx(clip_frac)  # tokens 1 and 2 are clipped; over the kept ones
+    out.loss.backward()
+    # only the unclipped third token moves, and only while it is kept: -A * w * r = -2 * 8 * 1.1 over 3 tokens
+    assert logp.grad.tolist()[0] == pytest.approx([0.0, 0.0, -2 * 8.0 * 1.1 / 3 if kept[2] else 0.0], abs=1e-5)
+    with pytest.raises(ValueError, match="behaviour-weight mode 'drop'"):
+        ppo_clip_loss(logp, behav, adv, torch.ones(1, 3), prox_logp=prox, behav_mode="drop")
+
+
 def test_decoupled_ppo_with_fresh_samples_is_ppo_clip():
     torch.manual_seed(1)
     old = -torch.rand(2, 5)
