@@ -170,14 +170,15 @@ def _table(model: Any, tok: Any, renderer: ChatRenderer, args: argparse.Namespac
     n_params = sum(p.numel() for p in model.parameters())
     print(f"\n{args.episodes} episodes x {args.turns} turns, max_new_tokens={args.max_new_tokens}, "
           f"threads={threads}, model {n_params / 1e6:.2f}M params, vocab {len(tok)}")
-    _engine(model, renderer, argparse.Namespace(**{**vars(args), "episodes": 4, "turns": 2}), True)  # warm-up
+    warm = argparse.Namespace(**{**vars(args), "episodes": 4, "turns": 2})
+    _engine(model, renderer, warm, True)  # warm-up
     rows = [("HF generate baseline", *_hf_baseline(model, tok, renderer, args))]
     if not args.no_reprefill:
         rows.append(("engine, re-prefill", *_engine(model, renderer, args, False)))
     rows.append(("engine (kept KV cache)", *_engine(model, renderer, args, True)))
     if not args.no_bf16:
         half = rollout_model(model, "bfloat16")
-        _engine(half, renderer, argparse.Namespace(**{**vars(args), "episodes": 4, "turns": 2}), True)  # warm-up
+        _engine(half, renderer, warm, True)  # warm-up
         rows.append(("engine, bf16 weights", *_engine(half, renderer, args, True)))
     base = rows[0][1]
     print(f"| {'method':<24} | {'seconds':>8} | {'episodes/s':>10} | {'tokens/s':>9} | {'speed-up':>8} |")

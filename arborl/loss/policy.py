@@ -152,14 +152,16 @@ def ppo_clip_loss(
     pg = torch.maximum(pg1, pg2)
     if clip_c is not None:
         pg = torch.where(advantages < 0, torch.minimum(pg, -advantages * clip_c), pg)
-    behav = None
-    trained = mask  # the tokens every diagnostic is over
+    behav = past = None
+    trained = mask  # the tokens the behaviour diagnostics are over
     if prox_logp is not None:  # decoupled PPO: correct for the stale sampler, trust region around pi_prox
         behav = torch.exp(torch.clamp(prox_logp - old_logp, -20.0, 20.0)).detach()
-        if behav_mode == "mask":
-            mask = mask * ((behav <= behav_cap) & (behav >= 1.0 / behav_cap)).to(mask.dtype)
+        if behav_mode == "mask":  # weights outside [1 / cap, cap]: the token leaves the loss
+            past = (behav > behav_cap) | (behav < 1.0 / behav_cap)
+            mask = mask * (~past).to(mask.dtype)
             pg = pg * behav
-        else:
+        else:  # weights above the cap are set to it
+            past = behav > behav_cap
             pg = pg * torch.clamp(behav, max=behav_cap)
     policy = aggregate(pg, mask, agg)
     total = policy
@@ -181,20 +183,19 @@ def ppo_clip_loss(
         terms["diag/approx_kl"] = float((0.5 * log_ratio**2 * m).sum() / n)
         terms["diag/ratio_max"] = float((ratio * m).max()) if m.any() else 1.0
         if behav is not None:
-            t = trained.to(logp.dtype)
-            terms |= _behaviour_diagnostics(behav, t, t.sum().clamp_min(1.0), behav_cap, behav_mode)
+            terms |= _behaviour_diagnostics(behav, past, trained.to(logp.dtype))
     return LossOutput(total, terms)
 
 
-def _behaviour_diagnostics(behav: Tensor, m: Tensor, n: Tensor, cap: float, mode: str) -> dict[str, float]:
-    """Mean, max and truncated (or masked) fraction of the behaviour weights over trained tokens ``m``, and their
-    mean log gap.
+def _behaviour_diagnostics(behav: Tensor, past: Tensor, m: Tensor) -> dict[str, float]:
+    """Mean and max of the behaviour weights over trained tokens ``m``, the share ``past`` the cap (truncated or
+    masked), and their mean log gap.
     """
-    out = (behav > cap) | (behav < 1.0 / cap) if mode == "mask" else behav > cap
+    n = m.sum().clamp_min(1.0)
     return {
         "diag/behav_weight_mean": float((behav * m).sum() / n),
         "diag/behav_weight_max": float((behav * m).max()) if m.any() else 1.0,
-        "diag/behav_trunc_frac": float((out.to(m.dtype) * m).sum() / n),
+        "diag/behav_trunc_frac": float((past.to(m.dtype) * m).sum() / n),
         "diag/behav_logp_gap": float((behav.log().abs() * m).sum() / n),
     }
 

@@ -61,10 +61,8 @@ def rollout_model(model: PreTrainedModel, dtype: str = "float32") -> PreTrainedM
             p.data = p.data.to(want)
             p.grad = None
         _COPIES[model] = half
-    else:
-        with torch.no_grad():
-            for mine, theirs in zip(half.parameters(), model.parameters(), strict=True):
-                mine.copy_(theirs)
+    else:  # as the rollout worker loads a published snapshot; copy_ casts to the copy's precision
+        half.load_state_dict(model.state_dict())
     return half
 
 

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +10,7 @@ import pytest
 from arborl.config import ConfigError, load_config
 from arborl.train.config import TrainConfig
 from arborl.train.rl import recomputes_logp
+from tests.e2e.clikit import arborl
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "examples" / "tiny.toml"
@@ -45,10 +43,7 @@ def test_bad_combinations_are_refused_with_the_fix():
 def _train(run_dir: Path, *overrides: str) -> list[dict]:
     sets = [a for o in ("rl.iterations=2", "eval.episodes=4", "report_to=[]", f'run_dir="{run_dir}"', *overrides)
             for a in ("--set", o)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    got = subprocess.run([sys.executable, "-m", "arborl.cli", "train", str(TINY), *sets], capture_output=True,
-                         text=True, env=env, timeout=600)
-    assert got.returncode == 0, got.stderr[-2000:]
+    arborl("train", str(TINY), *sets)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if r.get("stage") == "rl"]
 
