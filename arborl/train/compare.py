@@ -57,8 +57,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 SFT_MORE = "sft_more"
 DEFAULT_METHODS = ("grpo", "rloo", "dr_grpo", "turn_ppo", "archer", "starpo_s", "gigpo", "prm", "implicit_prm",
                    "tree", "best_step", SFT_MORE)
@@ -159,6 +157,8 @@ def area_under_curve(points: Sequence[tuple[float, float]], last: float = 1.0) -
     if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
         return None
     if last < 1.0:
+        import numpy as np  # not at the top: `arborl --help` imports this module and must stay light
+
         cut = pts[-1][0] - last * (pts[-1][0] - pts[0][0])
         pts = [(cut, float(np.interp(cut, [p[0] for p in pts], [p[1] for p in pts])))] + [p for p in pts if p[0] > cut]
     area = sum((x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in zip(pts, pts[1:], strict=False))
@@ -499,6 +499,8 @@ def print_table(rows: list[dict[str, Any]], title: str, console) -> None:
 
 def mean_curve(curves: list[list[tuple[float, float]]], n: int = 50) -> tuple[list[float], list[float], list[float]]:
     """Seeds' success curves on one env-step grid (0 to the shortest curve's end): x, mean, std."""
+    import numpy as np
+
     end = min(c[-1][0] for c in curves)
     xs = np.linspace(0.0, end, n)
     ys = np.stack([np.interp(xs, [p[0] for p in c], [p[1] for p in c]) for c in curves])
