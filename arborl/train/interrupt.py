@@ -2,8 +2,13 @@
 
 The first SIGINT during RL only sets a flag: the iteration in flight finishes, a checkpoint of it
 is written, and the run stops with :class:`Interrupted`. A second SIGINT drops the iteration
-(``KeyboardInterrupt`` as usual); the newest checkpoint written before it is kept. Other stages
-stop at once and are redone by ``--resume``.
+(``KeyboardInterrupt`` as usual); the newest checkpoint written before it is kept.
+
+The step loops of the other stages (synth's batches, SFT's and mid-training's steps) stop the same
+way at the end of the step in flight, without a checkpoint: ``--resume`` redoes the stage. A
+``KeyboardInterrupt`` raised wherever the main thread happens to be can land inside a library's
+bookkeeping (TensorBoard's writer queue, a SQLite write) and leave it half done; a flag read
+between steps cannot. A second SIGINT stops at once, as does the first outside a step loop.
 """
 
 from __future__ import annotations
@@ -29,19 +34,37 @@ class Interrupted(Exception):
         super().__init__(where + kept)
 
 
-class StopRequest:
-    """While active (a ``with`` block in the main thread), the first Ctrl-C sets :attr:`requested`."""
+ITERATION = "finishing this iteration and writing a checkpoint (Ctrl-C again to drop it)"
+"""What the first Ctrl-C during RL announces."""
 
-    def __init__(self) -> None:
+STEP = "stopping after this step (Ctrl-C again to stop at once)"
+"""What the first Ctrl-C during another stage's step loop announces."""
+
+
+class StopRequest:
+    """While active (a ``with`` block in the main thread), the first Ctrl-C sets :attr:`requested`.
+
+    ``notice`` is printed when it does; the second Ctrl-C raises ``KeyboardInterrupt``.
+    """
+
+    def __init__(self, notice: str = ITERATION) -> None:
         self.requested = False
+        self.notice = notice
         self._previous = None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        print("arborl: Ctrl-C: finishing this iteration and writing a checkpoint (Ctrl-C again to drop it)",
-              file=sys.stderr, flush=True)
+        print(f"arborl: Ctrl-C: {self.notice}", file=sys.stderr, flush=True)
+
+    def check(self) -> None:
+        """At the end of a step: raise ``KeyboardInterrupt`` if a Ctrl-C came during it.
+
+        The pipeline turns it into :class:`Interrupted` naming the stage, as it does a second Ctrl-C.
+        """
+        if self.requested:
+            raise KeyboardInterrupt
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():

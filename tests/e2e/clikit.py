@@ -24,6 +24,28 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def start(*args: str) -> subprocess.Popen:
+    """Start ``arborl ARGS`` in the background for a test that stops it with :func:`ctrl_c`."""
+    return subprocess.Popen([sys.executable, "-m", "arborl.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=cli_env(PYTHONFAULTHANDLER="1"), cwd=ROOT,
+                            preexec_fn=ctrl_c_reaches_it)
+
+
+def ctrl_c(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
+    """Send SIGINT to a process from :func:`start`; returns its stdout and stderr once it has exited.
+
+    If it is still running after ``timeout`` seconds, SIGABRT makes it print every thread's stack
+    (``PYTHONFAULTHANDLER``) and the test fails with them: a hang after Ctrl-C says where it hangs.
+    """
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        out, err = proc.communicate()
+        raise AssertionError(f"still running {timeout} s after Ctrl-C; its threads then:\n{err[-12000:]}") from None
+
+
 def ctrl_c_reaches_it() -> None:
     """``preexec_fn`` of a CLI subprocess that a test stops with SIGINT: default SIGINT handling.
 

@@ -1,14 +1,13 @@
 """One run per run_dir: reruns are refused, --overwrite replaces, --resume continues, Ctrl-C stops cleanly."""
 
 import json
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
 import torch
-from clikit import ROOT, arborl, cli_env, ctrl_c_reaches_it, sets
+from clikit import arborl, cli_env, ctrl_c, sets, start
 from safetensors.torch import load_file
 
 CFG = "examples/frozenlake.toml"
@@ -82,12 +81,9 @@ def test_ctrl_c_stops_at_an_iteration_and_resume_continues_exactly(tmp_path):
     # constant lr: the schedule then does not depend on rl.iterations, which the resume lowers
     base = ['stages=["synth","sft","rl"]', "rl.eval_every=0", "rl.checkpoint_every=1000", "rl.warmup_iters=0",
             'rl.lr_schedule="constant"']
-    proc = subprocess.Popen([sys.executable, "-m", "arborl.cli", "train", CFG, *sets(run, [*base, "rl.iterations=500"])],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(), cwd=ROOT,
-                            preexec_fn=ctrl_c_reaches_it)
+    proc = start("train", CFG, *sets(run, [*base, "rl.iterations=500"]))
     _wait_for_rl_rows(run, proc, 2)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    out, err = ctrl_c(proc, timeout=120)
     assert proc.returncode == 130, (out, err)
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     n = len(steps(run, "rl"))
@@ -115,17 +111,15 @@ def test_ctrl_c_stops_at_an_iteration_and_resume_continues_exactly(tmp_path):
 @pytest.mark.slow
 def test_ctrl_c_in_sft_keeps_synth_and_resume_redoes_only_sft(tmp_path):
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "arborl.cli", "train", CFG, *sets(run, ['stages=["synth","sft"]', "sft.steps=100000",
-                                                                        "sft.eval_every=0"])]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(), cwd=ROOT,
-                            preexec_fn=ctrl_c_reaches_it)
+    proc = start("train", CFG, *sets(run, ['stages=["synth","sft"]', "sft.steps=100000", "sft.eval_every=0"]))
     t0 = time.time()
     while not ((run / "metrics.jsonl").exists() and steps(run, "sft")):
         assert proc.poll() is None and time.time() - t0 < 120, proc.communicate()
         time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "Traceback" not in err, err
+    out, err = ctrl_c(proc, timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    # the first Ctrl-C is taken between two steps: the stage stops there, not inside a library call
+    assert "arborl: Ctrl-C: stopping after this step (Ctrl-C again to stop at once)" in err
     assert err.strip().splitlines()[-1] == ("arborl: stopped during sft; continue with --resume "
                                             "(sft starts again; finished stages are kept)")
     p = arborl("train", CFG, "--resume", *sets(run, ['stages=["synth","sft"]', "sft.eval_every=0"]))
