@@ -13,8 +13,8 @@ between steps cannot. A second SIGINT stops at once, as does the first outside a
 
 from __future__ import annotations
 
+import os
 import signal
-import sys
 import threading
 from pathlib import Path
 from types import FrameType
@@ -56,7 +56,9 @@ class StopRequest:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        print(f"arborl: Ctrl-C: {self.notice}", file=sys.stderr, flush=True)
+        # straight to the descriptor: print() here could re-enter sys.stderr's buffer while the main
+        # thread is inside a write to it, which raises RuntimeError ("reentrant call") at that write
+        os.write(2, f"arborl: Ctrl-C: {self.notice}\n".encode())
 
     def check(self) -> None:
         """At the end of a step: raise ``KeyboardInterrupt`` if a Ctrl-C came during it.

@@ -12,13 +12,13 @@ def ctrl_c() -> None:
     os.kill(os.getpid(), signal.SIGINT)  # handled in the main thread before the next bytecode returns
 
 
-def test_the_first_ctrl_c_is_a_request_read_by_check_and_the_second_stops_at_once(capsys):
+def test_the_first_ctrl_c_is_a_request_read_by_check_and_the_second_stops_at_once(capfd):
     before = signal.getsignal(signal.SIGINT)
     with StopRequest(STEP) as stop:
         stop.check()  # nothing requested: no-op
         ctrl_c()
         assert stop.requested
-        assert capsys.readouterr().err == f"arborl: Ctrl-C: {STEP}\n"
+        assert capfd.readouterr().err == f"arborl: Ctrl-C: {STEP}\n"
         with pytest.raises(KeyboardInterrupt):
             stop.check()  # the step boundary
         with pytest.raises(KeyboardInterrupt):
@@ -26,10 +26,10 @@ def test_the_first_ctrl_c_is_a_request_read_by_check_and_the_second_stops_at_onc
     assert signal.getsignal(signal.SIGINT) is before  # restored on exit
 
 
-def test_the_notice_names_what_the_first_ctrl_c_finishes(capsys):
+def test_the_notice_names_what_the_first_ctrl_c_finishes(capfd):
     with StopRequest() as stop:
         ctrl_c()
-    assert stop.requested and capsys.readouterr().err == f"arborl: Ctrl-C: {ITERATION}\n"
+    assert stop.requested and capfd.readouterr().err == f"arborl: Ctrl-C: {ITERATION}\n"
 
 
 def test_stop_requests_nest_and_restore_the_outer_handler():
