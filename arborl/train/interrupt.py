@@ -16,8 +16,12 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import FrameType
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class Interrupted(Exception):
@@ -77,3 +81,16 @@ class StopRequest:
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
             self._previous = None
+
+
+def between_steps(items: Iterable[T]) -> Iterator[T]:
+    """Yield ``items``, one step each; a Ctrl-C during a step stops the loop when that step ends.
+
+    The stop is ``KeyboardInterrupt`` raised here, before the next item, under a :class:`StopRequest`
+    (a second Ctrl-C stops at once). The handler it installs goes when the loop ends, by
+    exhaustion, ``break`` or an exception (the generator is closed then).
+    """
+    with StopRequest(STEP) as stop:
+        for item in items:
+            yield item
+            stop.check()

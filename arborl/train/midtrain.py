@@ -40,7 +40,7 @@ from arborl.loss import sft_loss
 from arborl.policy import load_policy, save_policy
 from arborl.policy.model import resolve_device, to_device
 from arborl.train.config import TrainConfig
-from arborl.train.interrupt import STEP, StopRequest
+from arborl.train.interrupt import between_steps
 from arborl.train.loggers import Metrics
 from arborl.train.progress import progress
 from arborl.train.sft import lr_schedule
@@ -215,21 +215,19 @@ def train_midtrain(cfg: TrainConfig, make_env: Callable[[], Env], init_path: Pat
     per_step = max(1, round(mc.batch_size * mc.seq_len / max(mean_len, 1.0)))  # documents that fill batch_size rows
     tokens = 0
     shown: dict[str, float] = {}
-    with StopRequest(STEP) as stop:  # a Ctrl-C stops between steps
-        for step in progress(range(mc.steps), "midtrain", status=shown):
-            batch = to_device(pack(mixture(sources, weights, per_step, gen), mc.seq_len, pad_id=pad), device)
-            out = sft_loss(packed_logprobs(model, batch), batch.loss_mask)
-            opt.zero_grad(set_to_none=True)
-            out.loss.backward()
-            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), mc.grad_clip)
-            opt.step()
-            sched.step()
-            tokens += int(batch.loss_mask.sum().item())
-            row = {"loss/midtrain": out.terms["loss/sft"], "grad_norm": float(gnorm), "lr": sched.get_last_lr()[0],
-                   "tokens": tokens, "rows": batch.input_ids.shape[0]}
-            metrics.log("midtrain", step + 1, row)
-            shown.update(loss=row["loss/midtrain"])
-            stop.check()
+    for step in between_steps(progress(range(mc.steps), "midtrain", status=shown)):
+        batch = to_device(pack(mixture(sources, weights, per_step, gen), mc.seq_len, pad_id=pad), device)
+        out = sft_loss(packed_logprobs(model, batch), batch.loss_mask)
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), mc.grad_clip)
+        opt.step()
+        sched.step()
+        tokens += int(batch.loss_mask.sum().item())
+        row = {"loss/midtrain": out.terms["loss/sft"], "grad_norm": float(gnorm), "lr": sched.get_last_lr()[0],
+               "tokens": tokens, "rows": batch.input_ids.shape[0]}
+        metrics.log("midtrain", step + 1, row)
+        shown.update(loss=row["loss/midtrain"])
     model.eval()
     out_dir = save_policy(model, tok, policy_dir(cfg, "midtrain"))
     return out_dir, {"midtrain_tokens": tokens, "midtrain_documents": sum(len(s) for s in sources)}

@@ -23,7 +23,7 @@ from arborl.store.url import redact
 from arborl.train.batch import TokenBatch, collate, length_chunks, micro_chunks
 from arborl.train.config import TrainConfig
 from arborl.train.embeddings import freeze_embeddings
-from arborl.train.interrupt import STEP, StopRequest
+from arborl.train.interrupt import between_steps
 from arborl.train.loggers import Metrics
 from arborl.train.progress import progress
 from arborl.train.stages import evaluate, policy_dir
@@ -84,25 +84,23 @@ def train_sft(
     images = image_inputs(model, store)  # a vision policy's images, read back by reference
     seen: set[int] = set()
     shown: dict[str, float] = {}
-    with StopRequest(STEP) as stop:  # a Ctrl-C stops between steps
-        for step in progress(range(sc.steps), "sft", status=shown):
-            idx = torch.randint(len(demos), (sc.batch_size,), generator=gen).tolist()
-            seen.update(idx)
-            batch = to_device(collate([demos[i] for i in idx], pad_id=pad, images=images), device)
-            opt.zero_grad(set_to_none=True)
-            terms = _step_gradients(model, batch, sc.micro_batch_tokens)
-            gnorm = torch.nn.utils.clip_grad_norm_(params, sc.grad_clip)
-            opt.step()
-            sched.step()
-            env_steps = int(demo_turns * len(seen) / len(demos))
-            row = {**terms, "grad_norm": float(gnorm), "lr": sched.get_last_lr()[0], "env_steps": env_steps}
-            if sc.eval_every and ((step + 1) % sc.eval_every == 0 or step + 1 == sc.steps):
-                model.eval()
-                row.update(evaluate(cfg, make_env, model, tok, n=cfg.eval.probe_episodes, label="probe"))
-                model.train()
-            metrics.log("sft", step + 1, row)
-            shown.update({"loss": row["loss/sft"], **{k: row[k] for k in ("success", "reward") if k in row}})
-            stop.check()
+    for step in between_steps(progress(range(sc.steps), "sft", status=shown)):
+        idx = torch.randint(len(demos), (sc.batch_size,), generator=gen).tolist()
+        seen.update(idx)
+        batch = to_device(collate([demos[i] for i in idx], pad_id=pad, images=images), device)
+        opt.zero_grad(set_to_none=True)
+        terms = _step_gradients(model, batch, sc.micro_batch_tokens)
+        gnorm = torch.nn.utils.clip_grad_norm_(params, sc.grad_clip)
+        opt.step()
+        sched.step()
+        env_steps = int(demo_turns * len(seen) / len(demos))
+        row = {**terms, "grad_norm": float(gnorm), "lr": sched.get_last_lr()[0], "env_steps": env_steps}
+        if sc.eval_every and ((step + 1) % sc.eval_every == 0 or step + 1 == sc.steps):
+            model.eval()
+            row.update(evaluate(cfg, make_env, model, tok, n=cfg.eval.probe_episodes, label="probe"))
+            model.train()
+        metrics.log("sft", step + 1, row)
+        shown.update({"loss": row["loss/sft"], **{k: row[k] for k in ("success", "reward") if k in row}})
     model.eval()
     save_policy(model, tok, out)
     return out, {"demo_episodes": len(demos), "demo_turns": demo_turns}

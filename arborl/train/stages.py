@@ -29,7 +29,7 @@ from arborl.tools.metrics import episode_metrics
 from arborl.train.common import task_type_of
 from arborl.train.config import TrainConfig
 from arborl.train.embeddings import redraw_embeddings
-from arborl.train.interrupt import STEP, StopRequest
+from arborl.train.interrupt import between_steps
 from arborl.train.progress import progress
 from arborl.trajectory import Episode
 
@@ -137,13 +137,11 @@ def synthesize(cfg: TrainConfig, make_env: Callable[[], Env], policy_path: Path,
     size = cfg.rollout.batch_size  # one engine batch per bar step; the scripted expert draws no random numbers
     chunks = [specs[i:i + size] for i in range(0, len(specs), size)]
     out: list[Episode] = []
-    with StopRequest(STEP) as stop:  # a Ctrl-C stops between batches
-        for chunk in progress(chunks, source, status=shown):
-            out += run_episodes(ScriptedPolicy(act or expert, renderer, images=images), make_env, chunk, cfg.rollout,
-                                generator=gen, policy_version=0, iteration=-1, source=source, media=media_of(store))
-            shown.update(episodes=len(out), success=sum(1.0 for e in out if e.success) / len(out),
-                         reward=sum(float(e.rewards.get("return") or 0.0) for e in out) / len(out))
-            stop.check()
+    for chunk in between_steps(progress(chunks, source, status=shown)):
+        out += run_episodes(ScriptedPolicy(act or expert, renderer, images=images), make_env, chunk, cfg.rollout,
+                            generator=gen, policy_version=0, iteration=-1, source=source, media=media_of(store))
+        shown.update(episodes=len(out), success=sum(1.0 for e in out if e.success) / len(out),
+                     reward=sum(float(e.rewards.get("return") or 0.0) for e in out) / len(out))
     if cfg.synth.only_successful if only_successful is None else only_successful:
         out = [e for e in out if e.success]
     store.put_many(out)

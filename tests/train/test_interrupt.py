@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from arborl.train.interrupt import ITERATION, STEP, Interrupted, StopRequest
+from arborl.train.interrupt import ITERATION, STEP, Interrupted, StopRequest, between_steps
 
 
 def ctrl_c() -> None:
@@ -45,3 +45,20 @@ def test_interrupted_says_how_to_continue():
     assert str(Interrupted("sft")) == ("stopped during sft; continue with --resume "
                                        "(sft starts again; finished stages are kept)")
     assert str(Interrupted("rl", 7)) == "stopped at iteration 7; continue with --resume"
+
+
+def test_between_steps_stops_after_the_step_in_flight_and_restores_the_handler(capfd):
+    before = signal.getsignal(signal.SIGINT)
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        for step in between_steps(range(5)):
+            if step == 2:
+                ctrl_c()  # during step 2: it still finishes
+            done.append(step)
+    assert done == [0, 1, 2] and f"arborl: Ctrl-C: {STEP}" in capfd.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is before
+    for step in between_steps(range(3)):
+        if step == 1:
+            break
+    assert signal.getsignal(signal.SIGINT) is before  # a loop left early gives the handler back too
+    assert list(between_steps(range(3))) == [0, 1, 2] and signal.getsignal(signal.SIGINT) is before
